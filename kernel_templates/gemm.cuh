@@ -1,0 +1,156 @@
+// One output tile of C[M,N] = epilogue(A[M,K] . B[N,K]^T) on tensor cores.
+//
+// fp16 operands, fp32 accumulation: mma.sync m16n8k16, fragments read from shared
+// memory with ldmatrix, global->shared copies with cp.async in a ring of STAGES
+// buffers. Shared rows are padded by 16 bytes, which puts the eight rows an
+// ldmatrix phase reads in eight distinct bank groups (no conflicts, no swizzle).
+// Any M and N (rows and columns past the edge are zero-filled and not stored);
+// K must be a multiple of 8 so that a 16-byte chunk is either inside or outside.
+#pragma once
+
+typedef unsigned short half_t;  // fp16 bits; no cuda_fp16.h so NVRTC needs no include path
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+  return (u32)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
+  // src-size 0 zero-fills the 16 bytes: the edge of the matrix reads as zeros.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ half_t f2h(float x) {
+  half_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  return h;
+}
+__device__ __forceinline__ u32 pack2(float lo, float hi) { return (u32)f2h(lo) | ((u32)f2h(hi) << 16); }
+
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// GeLU, tanh approximation (as in GPT-3).
+__device__ __forceinline__ float gelu(float x) {
+  return 0.5f * x * (1.f + tanh_approx(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
+
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_>
+struct Tile {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
+  static constexpr int THREADS = WM * WN * 32;
+  static constexpr int LDS = BK + 8;  // halves per shared row: 16 bytes of padding
+  static constexpr int A_ELEMS = BM * LDS, B_ELEMS = BN * LDS;
+  static constexpr int SMEM_BYTES = STAGES * (A_ELEMS + B_ELEMS) * 2;
+  static constexpr int WTM = BM / WM, WTN = BN / WN;  // warp tile
+  static constexpr int MI = WTM / 16, NI = WTN / 8;
+  static constexpr int CPR = BK / 8;  // 16-byte chunks per row
+  static_assert(BM % (16 * WM) == 0 && BN % (16 * WN) == 0, "warp tile must be a multiple of 16x16");
+  static_assert(BK % 16 == 0, "BK must be a multiple of 16");
+  static_assert(STAGES >= 2, "at least two pipeline stages");
+};
+
+// Copy a BROWS x BK slab of a K-contiguous matrix (rows r0.., columns k0..) into shared memory.
+template <class T, int BROWS>
+__device__ __forceinline__ void load_slab(half_t* s, const half_t* g, int rows, int K, int r0, int k0) {
+  for (int i = threadIdx.x; i < BROWS * T::CPR; i += T::THREADS) {
+    const int r = i / T::CPR, c = (i % T::CPR) * 8;
+    const int gr = r0 + r, gk = k0 + c;
+    const bool ok = gr < rows && gk < K;
+    cp_async16(s + r * T::LDS + c, ok ? (const void*)(g + (size_t)gr * K + gk) : (const void*)g, ok);
+  }
+}
+
+// Accumulate chunks [kc_begin, kc_end) of the reduction into acc. Before the A operand of
+// chunk kc is copied, `wait(kc, first)` runs in every thread (it may block on producer tiles);
+// the B operand (weights) of that chunk is already in flight by then.
+template <class T, class Wait>
+__device__ __forceinline__ void mainloop(float (&acc)[T::MI][T::NI][4], const half_t* __restrict__ A,
+                                         const half_t* __restrict__ B, int M, int N, int K, int m0, int n0,
+                                         int kc_begin, int kc_end, half_t* smem, Wait wait) {
+  half_t* sA = smem;
+  half_t* sB = smem + T::STAGES * T::A_ELEMS;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wm0 = (warp / T::WN) * T::WTM, wn0 = (warp % T::WN) * T::WTN;
+
+#pragma unroll
+  for (int i = 0; i < T::MI; ++i)
+#pragma unroll
+    for (int j = 0; j < T::NI; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+  const int nk = kc_end - kc_begin;
+  auto issue = [&](int it) {
+    if (it < nk) {
+      const int kc = kc_begin + it, slot = it % T::STAGES;
+      load_slab<T, T::BN>(sB + slot * T::B_ELEMS, B, N, K, n0, kc * T::BK);
+      wait(kc, it == 0);
+      load_slab<T, T::BM>(sA + slot * T::A_ELEMS, A, M, K, m0, kc * T::BK);
+    }
+    cp_async_commit();  // an empty group past the end keeps the wait_group count uniform
+  };
+
+#pragma unroll
+  for (int it = 0; it < T::STAGES - 1; ++it) issue(it);
+
+  for (int it = 0; it < nk; ++it) {
+    cp_async_wait<T::STAGES - 2>();
+    __syncthreads();
+    // The slot refilled next was last read in iteration it-1, which every thread has left.
+    issue(it + T::STAGES - 1);
+    const half_t* a = sA + (it % T::STAGES) * T::A_ELEMS;
+    const half_t* b = sB + (it % T::STAGES) * T::B_ELEMS;
+#pragma unroll
+    for (int kk = 0; kk < T::BK; kk += 16) {
+      u32 af[T::MI][4];
+      u32 bf[T::NI][2];
+#pragma unroll
+      for (int i = 0; i < T::MI; ++i)
+        ldmatrix_x4(af[i], a + (wm0 + i * 16 + lane % 16) * T::LDS + kk + (lane / 16) * 8);
+#pragma unroll
+      for (int j = 0; j < T::NI; j += 2) {
+        u32 r[4];
+        ldmatrix_x4(r, b + (wn0 + j * 8 + (lane / 16) * 8 + lane % 8) * T::LDS + kk + ((lane / 8) % 2) * 8);
+        bf[j][0] = r[0]; bf[j][1] = r[1]; bf[j + 1][0] = r[2]; bf[j + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int i = 0; i < T::MI; ++i)
+#pragma unroll
+        for (int j = 0; j < T::NI; ++j) mma16816(acc[i][j], af[i], bf[j][0], bf[j][1]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the shared ring may be reused by the caller (next tile, fused launch)
+}
+
+// Visit every accumulator pair owned by this thread: f(i, j, e, row, col) with e in {0, 2}
+// naming acc[i][j][e], acc[i][j][e+1] at (row, col), (row, col+1).
+template <class T, class F>
+__device__ __forceinline__ void for_each_pair(int m0, int n0, F f) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wm0 = (warp / T::WN) * T::WTM, wn0 = (warp % T::WN) * T::WTN;
+#pragma unroll
+  for (int i = 0; i < T::MI; ++i)
+#pragma unroll
+    for (int j = 0; j < T::NI; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+        f(i, j, e, m0 + wm0 + i * 16 + lane / 4 + (e ? 8 : 0), n0 + wn0 + j * 8 + (lane % 4) * 2);
+}

@@ -1,0 +1,69 @@
+// Tile-level synchronization between blocks of dependent stages.
+//
+// Semaphores are 32-bit counters in device memory that are never reset: run
+// number `epoch` (1, 2, ...) waits until a counter reaches epoch * expected
+// posts. A producer posts with release semantics at GPU scope after its tile's
+// stores; a consumer's thread 0 spins with acquire loads, then a block barrier
+// hands the ordering to the other threads. Spins are bounded: past the limit a
+// spin sets the error flag (read by the host as a timeout) and gives up, so a
+// protocol bug can never hang the GPU.
+#pragma once
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#ifndef TUNER_SPIN_NS
+#define TUNER_SPIN_NS 200000000ull  // 200 ms: far above any tile's wait, far below a watchdog
+#endif
+
+__device__ __forceinline__ u64 tuner_globaltimer() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ u32 tuner_ld_acquire(const u32* p) {
+  u32 v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ u32 tuner_ld_relaxed(const u32* p) {
+  u32 v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Spin (one thread) until *p >= target, comparing modulo 2^32. Returns false on timeout.
+__device__ __noinline__ bool tuner_spin_until(const u32* p, u32 target, u32* err) {
+  if ((int)(tuner_ld_acquire(p) - target) >= 0) return true;
+  const u64 start = tuner_globaltimer();
+  for (unsigned it = 0;; ++it) {
+    if ((int)(tuner_ld_acquire(p) - target) >= 0) return true;
+    if ((it & 63u) == 63u) {
+      if (tuner_ld_relaxed(err) != 0u) return false;  // another wait already timed out: stop early
+      if (tuner_globaltimer() - start > TUNER_SPIN_NS) {
+        atomicExch(err, 1u);
+        return false;
+      }
+    }
+    __nanosleep(32);
+  }
+}
+
+// Called by every thread of the block after its tile's global stores.
+__device__ __forceinline__ void tuner_post(u32* p) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
+  }
+}
+
+// A ticket counted from 0 in every run: the counter gains `per_run` tickets per run.
+__device__ __forceinline__ u32 tuner_ticket(u32* counter, u32 epoch, u32 per_run) {
+  __shared__ u32 ticket;
+  if (threadIdx.x == 0) ticket = atomicAdd(counter, 1u) - (epoch - 1u) * per_run;
+  __syncthreads();
+  return ticket;
+}

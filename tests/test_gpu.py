@@ -1,0 +1,54 @@
+"""On a CUDA GPU: every policy x order x dispatch x launch mode computes the right chain."""
+from __future__ import annotations
+
+import pytest
+
+from tuner.cases import combos, coverage
+from tuner.config import Config
+from tuner.workloads import get_workload
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from tuner.backends.gpu import GpuBackend
+
+    b = GpuBackend(warmup=1, reps=3)
+    yield b
+    b.close()
+
+
+# An odd size: M=1000 rows, N of both stages not a multiple of any tile width.
+ODD = dict(tokens=1000, hidden=1032, ffn=776)
+
+
+@pytest.mark.parametrize("size", [ODD, dict(tokens=1), dict(tokens=64), dict(tokens=1000), dict(tokens=2048)],
+                         ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_every_combination_is_correct(backend, size):
+    chain = get_workload("gpt3").chain(**size)
+    failures = []
+    for cfg in coverage(chain):
+        m = backend.measure(chain, cfg)
+        if not m.ok:
+            failures.append(f"{cfg.short()}: {m.reason}: {m.message}")
+    assert not failures, "\n".join(failures)
+    assert len(coverage(chain)) == len(combos())
+
+
+def test_repeated_runs_without_reset_stay_correct(backend):
+    chain = get_workload("gpt3").chain(**ODD)
+    cfg = next(c for c in coverage(chain) if c.policy == "tile" and c.launch == "fused")
+    runner, m = backend.load(chain, cfg)
+    assert runner is not None, m.message
+    for _ in range(3):
+        err, why = backend.verify(chain, runner)
+        assert why is None, (why, err)
+    assert runner.epoch == 3
+
+
+def test_missing_post_is_reported_as_timeout_not_a_hang(backend):
+    chain = get_workload("gpt3").chain(**ODD)
+    cfg = next(c for c in coverage(chain) if c.policy == "tile" and c.launch == "fused")
+    m = backend.measure(chain, cfg, fault="missing_post")
+    assert not m.ok and m.reason == "timeout", m

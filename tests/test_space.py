@@ -1,0 +1,241 @@
+"""The search space file format and the hard-constraint solver."""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tuner.backends.base import DeviceInfo
+from tuner.config import GLOBAL_FIELDS, TILE_FIELDS, Config, StageTiles
+from tuner.paths import home
+from tuner.space import STAGE_CONSTRAINTS, SpaceError, load_space, parse_space
+from tuner.workloads import get_workload
+
+H200 = DeviceInfo("test H200")
+# Small enough to enumerate every combination, tight enough that every constraint bites.
+TINY = {
+    "stage": {"bm": [16, 32], "bn": [64, 96, 256], "bk": [32, 64], "wm": [1, 2], "wn": [1, 2], "stages": [2],
+              "split_k": [1, 3]},
+    "global": {"policy": ["stream", "tile", "row"], "order": ["row"], "dispatch": ["block", "ticket"],
+               "launch": ["serial", "two_stream", "fused"]},
+    "limits": {"max_threads": 64, "max_acc_regs": 128},
+}
+TINY_DEVICE = DeviceInfo("tiny", smem_per_block=48 * 1024)
+
+
+def tiny_chain():
+    # gemm1: M=16 N=128 K=256, gemm2: M=16 N=256 K=128
+    return get_workload("gpt3").chain(tokens=16, hidden=256, ffn=128)
+
+
+def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, max_acc: int) -> bool:
+    """The constraints restated from their definitions, independently of the solver."""
+    for st, t in zip(chain.stages, cfg.tiles):
+        kc = -(-st.k // t.bk)
+        ks = -(-kc // t.split_k)
+        m_cap = max(16, 1 << (st.m - 1).bit_length())
+        n_cap = max(64, 1 << (st.n - 1).bit_length())
+        if (t.bm % (16 * t.wm) or t.bn % (16 * t.wn) or 32 * t.wm * t.wn > max_threads
+                or (t.bm // t.wm) * (t.bn // t.wn) // 32 > max_acc
+                or t.stages * (t.bm + t.bn) * (2 * t.bk + 16) > dev.smem_per_block
+                or t.bm > m_cap or t.bn > n_cap or t.split_k > kc or (t.split_k - 1) * ks >= kc):
+            return False
+    if (cfg.policy == "stream") != (cfg.launch == "serial"):
+        return False
+    if cfg.launch == "fused" and (cfg.dispatch != "ticket" or cfg.tiles[0].threads != cfg.tiles[1].threads):
+        return False
+    if cfg.policy == "tile" and cfg.tiles[0].bn % cfg.tiles[1].bk:
+        return False
+    return True
+
+
+def all_configs(space_dict):
+    st = space_dict["stage"]
+    tilings = [StageTiles(*v) for v in itertools.product(*(st[f] for f in TILE_FIELDS))]
+    glob = space_dict["global"]
+    for combo in itertools.product(*(glob[f] for f in GLOBAL_FIELDS)):
+        for t1, t2 in itertools.product(tilings, repeat=2):
+            yield Config((t1, t2), *combo)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    space = parse_space(TINY, "tiny.toml")
+    chain = tiny_chain()
+    fs = space.feasible(chain, TINY_DEVICE)
+    brute = {c for c in all_configs(TINY) if reference_feasible(chain, c, TINY_DEVICE, 64, 128)}
+    return fs, brute
+
+
+def test_exact_count_matches_brute_force(tiny):
+    fs, brute = tiny
+    assert 0 < fs.size == len(brute)
+
+
+def test_grid_visits_every_feasible_config_exactly_once(tiny):
+    fs, brute = tiny
+    visited = list(fs.grid(seed=3))
+    assert len(visited) == len(set(visited)) == len(brute)
+    assert set(visited) == brute
+
+
+def test_grid_order_depends_on_the_seed_only(tiny):
+    fs, _ = tiny
+    first = list(itertools.islice(fs.grid(seed=1), 20))
+    assert first == list(itertools.islice(fs.grid(seed=1), 20))
+    assert first != list(itertools.islice(fs.grid(seed=2), 20))
+
+
+def test_contains_agrees_with_brute_force_and_names_the_constraint(tiny):
+    fs, brute = tiny
+    named = {name for name, _ in STAGE_CONSTRAINTS} | {"launch_mode", "policy_requires", "fused_threads"}
+    seen_names = set()
+    for cfg in all_configs(TINY):
+        why = fs.contains(cfg)
+        assert (why is None) == (cfg in brute), (cfg, why)
+        if why is not None:
+            seen_names.add(why.split(":")[0])
+    # Every constraint is exercised by this space, and nothing else is ever blamed.
+    assert seen_names == named
+
+
+def test_samples_are_feasible_and_spread_over_the_set(tiny):
+    fs, brute = tiny
+    rng = np.random.default_rng(0)
+    draws = [fs.sample(rng) for _ in range(3000)]
+    assert set(draws) <= brute
+    # Uniform draws of 3000 from the set hit most of it; a sampler stuck in one region would not.
+    assert len(set(draws)) > 0.6 * min(len(brute), 3000) * (1 - np.exp(-3000 / len(brute)))
+
+
+def test_same_seed_same_samples(tiny):
+    fs, _ = tiny
+    a = [fs.sample(np.random.default_rng(5)) for _ in range(3)]
+    b = [fs.sample(np.random.default_rng(5)) for _ in range(3)]
+    assert a == b
+
+
+def test_domains_cover_every_feasible_value(tiny):
+    fs, brute = tiny
+    domains = fs.domains()
+    for cfg in brute:
+        for k, v in cfg.params().items():
+            assert v in domains[k]
+
+
+def test_baselines_are_feasible_stream_configs(tiny):
+    fs, _ = tiny
+    base = fs.baselines()
+    assert base and all(b.policy == "stream" and b.launch == "serial" and fs.contains(b) is None for b in base)
+    assert base == fs.baselines()
+
+
+def test_restricted_set_keeps_only_feasible_listed_configs(tiny):
+    fs, brute = tiny
+    listed = sorted(brute, key=repr)[:5]
+    infeasible = next(c for c in all_configs(TINY) if c not in brute)
+    narrowed = fs.restricted_to([*listed, infeasible, listed[0]])
+    assert narrowed.size == 5
+    assert set(narrowed.grid(0)) == set(listed)
+    assert narrowed.contains(listed[1]) is None
+    outside = next(c for c in brute if c not in listed)
+    assert narrowed.contains(outside).startswith("recorded:")
+    assert fs.size == len(brute)  # the original set is untouched
+
+
+def test_shipped_spaces_are_feasible_at_both_ends_of_the_sweep():
+    for name in ("gpt3", "llama"):
+        space = load_space(home() / "search_spaces" / f"{name}.toml")
+        wl = get_workload(name)
+        for tokens in (wl.sweep[0], wl.sweep[-1]):
+            fs = space.feasible(wl.chain(tokens=tokens), H200)
+            assert fs.size > 1000
+            assert all(fs.contains(b) is None for b in fs.baselines())
+
+
+def test_one_token_allows_only_the_shortest_tiles():
+    space = load_space(home() / "search_spaces" / "gpt3.toml")
+    fs = space.feasible(get_workload("gpt3").chain(tokens=1), H200)
+    assert fs.domains()["gemm1.bm"] == [16]
+
+
+def test_empty_set_says_which_constraint_emptied_it():
+    data = {**TINY, "stage": {**TINY["stage"], "bm": [64]}}  # taller than 16 tokens need
+    fs = parse_space(data, "tall.toml").feasible(tiny_chain(), TINY_DEVICE)
+    assert fs.size == 0
+    assert any("tile_height" in r for r in fs.reasons)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "space.toml"
+    p.write_text(text)
+    return p
+
+
+BASE = """
+[stage]
+bm = [16, 32]
+bn = [64]
+bk = [32]
+wm = [1]
+wn = [1]
+stages = [2]
+"""
+
+
+def test_typo_key_names_file_key_and_nearest(tmp_path):
+    p = write(tmp_path, BASE.replace("bn = [64]", "bnn = [64]"))
+    with pytest.raises(SpaceError) as err:
+        load_space(p)
+    msg = str(err.value)
+    assert str(p) in msg and "stage.bnn" in msg and "'bn'" in msg
+
+
+def test_typo_table_names_nearest_table(tmp_path):
+    p = write(tmp_path, BASE + "\n[globl]\npolicy = ['stream']\n")
+    with pytest.raises(SpaceError, match="did you mean 'global'"):
+        load_space(p)
+
+
+def test_bad_choice_lists_what_is_accepted(tmp_path):
+    p = write(tmp_path, BASE + "\n[global]\npolicy = ['stream', 'tiles']\n")
+    with pytest.raises(SpaceError) as err:
+        load_space(p)
+    msg = str(err.value)
+    assert "global.policy" in msg and "stream, tile, row" in msg and str(p) in msg
+
+
+@pytest.mark.parametrize("value", ["0", "[]", "['a']", "[16, 16]", "true"])
+def test_bad_stage_value_is_refused(tmp_path, value):
+    p = write(tmp_path, BASE.replace("bm = [16, 32]", f"bm = {value}"))
+    with pytest.raises(SpaceError, match="stage.bm"):
+        load_space(p)
+
+
+def test_missing_stage_key_is_named(tmp_path):
+    p = write(tmp_path, BASE.replace("bk = [32]\n", ""))
+    with pytest.raises(SpaceError, match="lacks bk"):
+        load_space(p)
+
+
+def test_per_stage_override_applies_to_that_stage_only(tmp_path):
+    p = write(tmp_path, BASE + "\n[stage.gemm2]\nbm = [16]\n")
+    space = load_space(p)
+    fs = space.feasible(get_workload("gpt3").chain(tokens=32, hidden=256, ffn=128), H200)
+    d = fs.domains()
+    assert d["gemm1.bm"] == [16, 32] and d["gemm2.bm"] == [16]
+
+
+def test_override_of_unknown_stage_is_refused(tmp_path):
+    p = write(tmp_path, BASE + "\n[stage.gemm3]\nbm = [16]\n")
+    with pytest.raises(SpaceError, match="gemm3"):
+        load_space(p).feasible(tiny_chain(), H200)
+
+
+def test_unreadable_and_malformed_files(tmp_path):
+    with pytest.raises(SpaceError, match="cannot read"):
+        load_space(tmp_path / "missing.toml")
+    with pytest.raises(SpaceError, match="not valid TOML"):
+        load_space(write(tmp_path, "[stage\n"))

@@ -1,0 +1,290 @@
+"""The tuning loop: feasibility before measuring, resuming, caching, failures, determinism, study files."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tuner.backends.base import FAIL_REASONS, Backend, DeviceInfo, Measurement
+from tuner.backends.replay import Record, ReplayBackend, write_recording
+from tuner.config import Config
+from tuner.paths import home
+from tuner.space import load_space, parse_space
+from tuner.study import (StudyError, default_study, load_study_file, parse_study, run_study, study_name, summarize)
+from tuner.workloads import get_workload
+
+DEVICE = DeviceInfo("fake GPU")
+SMALL = parse_space({
+    "stage": {"bm": [16, 32, 64], "bn": [64, 128], "bk": [64], "wm": [1, 2], "wn": [1, 2], "stages": [3],
+              "split_k": [1, 2]},
+}, "small.toml")
+CHAIN = get_workload("gpt3").chain(tokens=64)
+
+
+def shipped_space():
+    return load_space(home() / "search_spaces" / "gpt3.toml")
+
+
+def _digest(*parts: object) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little")
+
+
+def no_col_order(chain, cfg: Config) -> str | None:
+    """Stand-in for the sync checker: refuses every column-order config."""
+    return "column order refused by the stand-in checker" if cfg.order == "col" else None
+
+
+class FakeBackend(Backend):
+    """Answers with a time computed from the config (no device), and checks what it is asked."""
+
+    name = "fake"
+
+    def __init__(self, check=no_col_order, space=SMALL, fail=None, interrupt_at=None):
+        self.calls: list[Config] = []
+        self.check = check
+        self.fs = space.feasible(CHAIN, DEVICE)
+        self.fail = fail
+        self.interrupt_at = interrupt_at
+
+    def device_info(self) -> DeviceInfo:
+        return DEVICE
+
+    def source_hash(self, chain, cfg: Config) -> str:
+        return f"{_digest(chain.label, cfg):08x}"
+
+    def measure(self, chain, cfg: Config) -> Measurement:
+        # A measuring backend must never see a config that breaks a constraint or the checker.
+        assert self.fs.contains(cfg) is None, self.fs.contains(cfg)
+        assert self.check is None or self.check(chain, cfg) is None
+        self.calls.append(cfg)
+        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
+            raise KeyboardInterrupt
+        if self.fail is not None:
+            reason = self.fail(len(self.calls) - 1)
+            if reason is not None:
+                return Measurement.failed(reason, f"{reason} on purpose", source_hash=self.source_hash(chain, cfg))
+        t = 50.0 + _digest(cfg) % 1000 / 10
+        return Measurement(ok=True, median_us=t, times_us=[t, t], error=1e-4, source_hash=self.source_hash(chain, cfg))
+
+
+def trials_of(storage: str, chain=CHAIN, device=DEVICE):
+    return optuna.load_study(study_name=study_name(chain, device), storage=storage).get_trials()
+
+
+def measured(trials):
+    return [t for t in trials if t.user_attrs.get("measured")]
+
+
+def test_backend_only_receives_feasible_configs_the_checker_accepts(storage):
+    backend = FakeBackend()
+    out = run_study(CHAIN, SMALL, backend, storage, sampler="tpe", seed=0, trials=8, check=no_col_order)
+    assert out.summary.measured == 8
+    trials = trials_of(storage)
+    assert len(measured(trials)) == 8
+    refused = [t for t in trials if t.user_attrs.get("reason") == "constraint"]
+    # TPE proposes from the static domains, so some proposals are refused before measuring.
+    assert refused and all(t.state == TrialState.FAIL and not t.user_attrs["measured"] for t in refused)
+    names = {t.user_attrs["message"].split(":")[0] for t in refused}
+    assert names <= {"launch_mode", "fused_threads", "policy_requires", "warp_tile", "threads", "accumulators",
+                     "shared_memory", "tile_height", "tile_width", "split_k", "sync_checker"}
+
+
+def test_every_study_holds_a_measured_stream_baseline(storage):
+    run_study(CHAIN, SMALL, FakeBackend(), storage, sampler="tpe", trials=4, check=no_col_order)
+    first = measured(trials_of(storage))[0]
+    assert first.params["policy"] == "stream" and first.state == TrialState.COMPLETE
+    study = optuna.load_study(study_name=study_name(CHAIN, DEVICE), storage=storage)
+    assert study.user_attrs["baseline_us"] == summarize(study.get_trials()).baseline_us
+    assert study.user_attrs["workload"] == "gpt3" and study.user_attrs["size"]["tokens"] == 64
+
+
+def test_trial_records_what_was_measured(storage):
+    run_study(CHAIN, SMALL, FakeBackend(), storage, sampler="random", trials=3, check=no_col_order)
+    t = measured(trials_of(storage))[0]
+    for key in ("config", "source_hash", "compile_s", "resources", "error", "times_us", "device", "tuner_version",
+                "backend", "replayed", "cached"):
+        assert key in t.user_attrs, key
+    assert Config.from_dict(t.user_attrs["config"]) == Config.from_params(t.params, 2)
+    assert t.user_attrs["device"]["name"] == "fake GPU" and t.user_attrs["replayed"] is False
+
+
+def test_rerun_with_same_budget_measures_nothing_and_a_larger_budget_continues(storage):
+    run_study(CHAIN, SMALL, FakeBackend(), storage, sampler="random", trials=5, check=no_col_order)
+    again = FakeBackend()
+    out = run_study(CHAIN, SMALL, again, storage, sampler="random", trials=5, check=no_col_order)
+    assert again.calls == [] and out.new_trials == 0 and out.summary.measured == 5
+    more = FakeBackend()
+    out = run_study(CHAIN, SMALL, more, storage, sampler="random", trials=8, check=no_col_order)
+    assert out.summary.measured == 8 and len(more.calls) == 3
+
+
+def test_resume_after_interrupt_loses_and_repeats_nothing(storage):
+    first = FakeBackend(interrupt_at=4)
+    out = run_study(CHAIN, SMALL, first, storage, sampler="random", seed=2, trials=8, check=no_col_order)
+    assert out.interrupted and out.summary.measured == 3
+    done_before = {Config.from_params(t.params, 2) for t in trials_of(storage) if t.state == TrialState.COMPLETE}
+    assert len(done_before) == 3
+    second = FakeBackend()
+    out = run_study(CHAIN, SMALL, second, storage, sampler="random", seed=2, trials=8, check=no_col_order)
+    assert out.summary.measured == 8
+    assert second.calls[0] == first.calls[3]  # the trial cut short is measured first on resume
+    complete = [Config.from_params(t.params, 2) for t in trials_of(storage) if t.state == TrialState.COMPLETE]
+    assert len(complete) == len(set(complete)) == 8
+    assert done_before <= set(complete)
+    assert not set(first.calls[:3]) & set(second.calls)
+
+
+def test_cache_answers_a_second_study_without_the_backend(storage):
+    run_study(CHAIN, SMALL, FakeBackend(), storage, sampler="random", seed=1, trials=5, check=no_col_order)
+    optuna.delete_study(study_name=study_name(CHAIN, DEVICE), storage=storage)
+    again = FakeBackend()
+    out = run_study(CHAIN, SMALL, again, storage, sampler="random", seed=1, trials=5, check=no_col_order)
+    assert again.calls == []
+    assert out.cache_hits == 5
+    assert all(t.user_attrs["cached"] for t in measured(trials_of(storage)))
+
+
+def test_failures_are_stored_with_their_reason(storage):
+    reasons = [r for r in FAIL_REASONS if r != "constraint"]
+    backend = FakeBackend(fail=lambda i: reasons[i % len(reasons)] if i >= 1 else None)
+    out = run_study(CHAIN, SMALL, backend, storage, sampler="random", trials=1 + len(reasons), check=no_col_order)
+    failed = [t for t in measured(trials_of(storage)) if t.state == TrialState.FAIL]
+    assert sorted(t.user_attrs["reason"] for t in failed) == sorted(reasons)
+    assert all(t.user_attrs["message"].endswith("on purpose") for t in failed)
+    assert all(out.summary.failures[r] == 1 for r in reasons)
+
+
+def test_same_seed_gives_the_same_trials_on_replay(tmp_path, synthetic_file):
+    def run(db: str):
+        backend = ReplayBackend([synthetic_file])
+        url = f"sqlite:///{tmp_path / db}"
+        out = run_study(CHAIN, shipped_space(), backend, url, sampler="tpe", seed=3, trials=6, check=no_col_order)
+        trials = trials_of(url, device=backend.device_info())
+        return [(t.state, t.params, t.value) for t in trials], out.summary.best.params
+
+    assert run("a.db") == run("b.db")
+
+
+def test_replay_never_asks_for_an_unrecorded_config(storage, synthetic_file):
+    backend = ReplayBackend([synthetic_file])
+    asked = []
+    original = backend.measure
+
+    def spy(chain, cfg):
+        asked.append(cfg)
+        return original(chain, cfg)
+
+    backend.measure = spy
+    out = run_study(CHAIN, shipped_space(), backend, storage, sampler="random", seed=0, trials=10, check=None)
+    recorded = set(backend.recorded(CHAIN))
+    assert out.summary.measured == 10 and set(asked) <= recorded
+    assert all(t.user_attrs["replayed"] for t in measured(trials_of(storage, device=backend.device_info())))
+
+
+def test_grid_sampler_stops_when_every_recorded_config_was_tried(tmp_path):
+    fs = SMALL.feasible(CHAIN, DEVICE)
+    picked = list(fs.grid(0))[:3] + fs.baselines()[:1]
+    m = Measurement(ok=True, median_us=10.0, times_us=[10.0])
+    rec = tmp_path / "few.measurements.json"
+    write_recording(rec, DEVICE, [Record(CHAIN.label, c, m) for c in picked], "test")
+    out = run_study(CHAIN, SMALL, ReplayBackend([rec]), f"sqlite:///{tmp_path / 'g.db'}", sampler="grid",
+                    trials=10, check=None)
+    assert out.stop == "exhausted" and out.summary.measured == len(set(picked))
+
+
+def test_study_always_ends_when_every_suggestion_is_refused(storage):
+    refuse_all = lambda chain, cfg: "refused"  # noqa: E731
+    out = run_study(CHAIN, SMALL, FakeBackend(check=None), storage, sampler="tpe", trials=1, check=refuse_all)
+    assert out.stop == "rejections" and out.summary.measured == 0 and out.new_rejected == 20
+
+
+def test_timeout_stops_the_study(storage):
+    out = run_study(CHAIN, SMALL, FakeBackend(), storage, sampler="random", trials=50, timeout=1e-9,
+                    check=no_col_order)
+    assert out.stop == "timeout" and out.summary.measured < 50
+
+
+def test_empty_feasible_set_is_a_study_error(tmp_path):
+    bad = Config.from_params({**SMALL.feasible(CHAIN, DEVICE).baselines()[0].params(), "gemm1.bm": 48}, 2)
+    rec = tmp_path / "bad.measurements.json"
+    write_recording(rec, DEVICE, [Record(CHAIN.label, bad, Measurement(ok=True, median_us=1.0))], "test")
+    with pytest.raises(StudyError, match="no feasible config.*recorded"):
+        run_study(CHAIN, SMALL, ReplayBackend([rec]), f"sqlite:///{tmp_path / 'e.db'}", trials=3, check=None)
+
+
+def test_the_default_checker_is_tuner_checker(storage, monkeypatch):
+    fake = types.ModuleType("tuner.checker")
+    fake.check = lambda chain, cfg: None if cfg.policy == "stream" else "only stream here"
+    monkeypatch.setitem(sys.modules, "tuner.checker", fake)
+    backend = FakeBackend(check=fake.check)
+    run_study(CHAIN, SMALL, backend, storage, sampler="random", trials=4)
+    assert backend.calls and all(c.policy == "stream" for c in backend.calls)
+
+
+def test_without_a_checker_a_measuring_backend_is_refused(storage, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tuner.checker", None)
+    with pytest.raises(StudyError, match="checker"):
+        run_study(CHAIN, SMALL, FakeBackend(), storage, trials=2)
+
+
+# -- study files
+
+
+def test_shipped_study_files_load():
+    for name in ("gpt3", "llama"):
+        spec = default_study(name)
+        assert spec.workload == name and spec.sizes["tokens"] == get_workload(name).sweep
+        assert spec.space.exists() and spec.sampler == "tpe" and spec.trials == 100
+
+
+def test_study_file_typo_names_file_and_nearest_key(tmp_path):
+    p = tmp_path / "s.toml"
+    p.write_text('workload = "gpt3"\ntrails = 5\n')
+    with pytest.raises(StudyError) as err:
+        load_study_file(p)
+    assert str(p) in str(err.value) and "'trials'" in str(err.value)
+
+
+@pytest.mark.parametrize("text, match", [
+    ('workload = "gpt4"', "unknown workload"),
+    ('workload = "gpt3"\nsampler = "bayes"', "tpe, random, grid"),
+    ('workload = "gpt3"\nsizes = {tokns = [1]}', "did you mean 'tokens'"),
+    ('workload = "gpt3"\nsizes = {tokens = [0]}', "positive integer"),
+    ('workload = "gpt3"\ntrials = 0', "positive integer"),
+    ('workload = "gpt3"\ntimeout = -1', "positive number"),
+])
+def test_bad_study_files_say_what_is_accepted(tmp_path, text, match):
+    p = tmp_path / "s.toml"
+    p.write_text(text)
+    with pytest.raises(StudyError, match=match):
+        load_study_file(p)
+
+
+def test_study_sizes_expand_to_chains():
+    spec = parse_study({"workload": "gpt3", "sizes": {"tokens": [1, 64], "hidden": 1024}}, "inline")
+    assert [c.label for c in spec.chains()] == ["gpt3/tokens=1,hidden=1024,ffn=6144",
+                                                "gpt3/tokens=64,hidden=1024,ffn=6144"]
+
+
+def test_synthetic_recording_is_reproduced_by_its_script(tmp_path, synthetic_file):
+    path = home() / "tests" / "data" / "make_synthetic.py"
+    spec = importlib.util.spec_from_file_location("make_synthetic", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.OUT = tmp_path / "again.json"
+    mod.ROOT = home()
+    mod.main()
+    assert mod.OUT.read_bytes() == Path(synthetic_file).read_bytes()
+
+
+def test_a_changed_space_is_refused_on_resume(storage):
+    run_study(CHAIN, SMALL, FakeBackend(), storage, sampler="random", trials=2, check=no_col_order)
+    wider = parse_space({"stage": {**SMALL.stage, "bk": [32, 64]}}, "wider.toml")
+    with pytest.raises(StudyError, match="other choices for gemm1.bk"):
+        run_study(CHAIN, wider, FakeBackend(space=wider), storage, sampler="random", trials=3, check=no_col_order)

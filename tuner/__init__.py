@@ -1,0 +1,12 @@
+"""tuner: an auto-tuner for chains of dependent tiled CUDA kernels that synchronize tile by tile."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+class UsageError(Exception):
+    """Something the user asked for cannot be done as asked.
+
+    The CLI prints it as one ``tuner: error: ...`` line and exits with status 2, so
+    the message must say what is wrong and what would be accepted instead.
+    """

@@ -1,0 +1,76 @@
+"""Backends measure configs: on a GPU, or replayed from recordings. ``get_backend`` picks one."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .. import UsageError
+from ..paths import home
+from .base import FAIL_REASONS, Backend, DeviceInfo, Measurement
+
+BACKENDS = ("auto", "gpu", "replay")
+
+__all__ = ["BACKENDS", "FAIL_REASONS", "Backend", "DeviceInfo", "Measurement", "default_recordings",
+           "get_backend", "gpu_visible", "synthetic_recording"]
+
+
+def gpu_visible() -> bool:
+    """True when cupy imports and the CUDA runtime sees at least one device."""
+    try:
+        import cupy  # noqa: PLC0415 - optional dependency, only on GPU hosts
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # any failure (no cupy, no driver, no device) means: no usable GPU
+        return False
+
+
+def synthetic_recording() -> Path:
+    """The synthetic recording made by ``tests/data/make_synthetic.py``: modelled figures, not measurements."""
+    return home() / "tests" / "data" / "synthetic_measurements.json"
+
+
+def default_recordings() -> list[Path]:
+    """Every recording kept under ``studies/``."""
+    return sorted((home() / "studies").glob("*.measurements.json"))
+
+
+def get_backend(name: str = "auto", replay_files: Sequence[str | Path] | None = None,
+                announce: Callable[[str], None] = print) -> Backend:
+    """The backend called ``name`` (auto, gpu or replay).
+
+    ``auto`` measures on the GPU when one is visible and replays recordings otherwise.
+    Without ``replay_files`` the replay backend reads every ``studies/*.measurements.json``,
+    or, when there is none, the synthetic recording, announced as such.
+    """
+    if name not in BACKENDS:
+        raise UsageError(f"unknown backend {name!r}; accepted: {', '.join(BACKENDS)}")
+    if name == "gpu" or (name == "auto" and not replay_files and gpu_visible()):
+        if not gpu_visible():
+            raise UsageError("no CUDA device visible for --backend gpu (cupy finds none); "
+                             "accepted without a GPU: --backend replay")
+        try:
+            from .gpu import GpuBackend  # noqa: PLC0415 - needs cupy, imported only when asked for
+        except ImportError as exc:
+            raise UsageError(f"the GPU backend cannot load ({exc}); install it with pip install -e '.[gpu]'") from None
+        return GpuBackend()
+
+    from .replay import ReplayBackend  # noqa: PLC0415
+
+    if replay_files:
+        return ReplayBackend(list(replay_files))
+    files = default_recordings()
+    note = ""
+    if not files:
+        files = [synthetic_recording()]
+        note = " (no recording in studies/ yet)"
+    if name == "auto":
+        shown = ", ".join(_shown(p) for p in files)
+        announce(f"no CUDA device visible: replaying recorded measurements from {shown}{note}")
+    return ReplayBackend(files)
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(home()))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,82 @@
+"""The backend interface: given a chain and a config, compile, verify and time it, or fail with a reason."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+from ..config import Config
+from ..workloads import Chain
+
+# Every failed trial carries exactly one of these.
+FAIL_REASONS = ("constraint", "compile", "resources", "launch", "timeout", "incorrect")
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a measurement was taken on; part of every cache key and trial record."""
+
+    name: str
+    arch: str = "sm_90"
+    sms: int = 132
+    smem_per_block: int = 227 * 1024
+    regs_per_block: int = 65536
+    l2_bytes: int = 50 * 1024 * 1024
+    driver: str = ""
+    toolkit: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Measurement:
+    """The outcome of one config on one device: a time, or a failure with its reason."""
+
+    ok: bool
+    median_us: float | None = None
+    times_us: list[float] = field(default_factory=list)
+    error: float | None = None  # relative Frobenius error against the float32 reference
+    reason: str | None = None  # one of FAIL_REASONS when not ok
+    message: str = ""
+    source_hash: str = ""
+    compile_s: float = 0.0
+    resources: dict[str, Any] = field(default_factory=dict)  # per kernel: registers, smem, spills
+    replayed: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.ok and self.reason not in FAIL_REASONS:
+            raise ValueError(f"failure reason must be one of {FAIL_REASONS}, got {self.reason!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Measurement":
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+    @classmethod
+    def failed(cls, reason: str, message: str, **kw: Any) -> "Measurement":
+        return cls(ok=False, reason=reason, message=message, **kw)
+
+
+class Backend(ABC):
+    """Compiles, verifies and times configs of a chain on one device."""
+
+    name: str = "abstract"
+    replayed: bool = False  # True when figures come from a recording, not a measurement
+
+    @abstractmethod
+    def device_info(self) -> DeviceInfo:
+        """The device this backend measures on (or replays for)."""
+
+    @abstractmethod
+    def measure(self, chain: Chain, config: Config) -> Measurement:
+        """Compile, verify, then time ``config``; never raises for a bad config, returns a failure."""
+
+    def restrict(self, chain: Chain, configs: Iterable[Config]) -> list[Config] | None:
+        """Configs this backend can answer for, or None when it can answer any."""
+        return None
+
+    def close(self) -> None:
+        """Release the device and any worker process."""

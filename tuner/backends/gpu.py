@@ -1,0 +1,285 @@
+"""The CUDA backend: compile (cached), check resources, verify, then time a config with CuPy.
+
+Everything here runs in the process that owns the CUDA context; :mod:`tuner.backends.worker`
+puts it in a child process so that a crashing or hanging kernel costs one trial, not the study.
+"""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from statistics import median
+from typing import Any
+
+from ..config import Config
+from ..render import Rendered, render
+from ..workloads import Chain
+from .base import Backend, DeviceInfo, Measurement
+
+VERIFY_TOL = 1e-2  # relative Frobenius error allowed for fp16 outputs against the float32 reference
+POISON = 0xFFFF  # an fp16 NaN: an element still holding it was never written
+
+
+def _cp():
+    import cupy  # imported lazily: the base install has no CUDA
+
+    return cupy
+
+
+def gpu_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device."""
+    try:
+        return _cp().cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def query_device(toolkit: str = "") -> DeviceInfo:
+    cp = _cp()
+    rt = cp.cuda.runtime
+    dev = rt.getDevice()
+    props = rt.getDeviceProperties(dev)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    drv = rt.driverGetVersion()
+    return DeviceInfo(name=name, arch=f"sm_{props['major']}{props['minor']}", sms=props["multiProcessorCount"],
+                      smem_per_block=props["sharedMemPerBlockOptin"], regs_per_block=props["regsPerBlock"],
+                      l2_bytes=props["l2CacheSize"], driver=f"{drv // 1000}.{drv % 1000 // 10}", toolkit=toolkit)
+
+
+@dataclass
+class Problem:
+    """Device buffers of one chain: input sets (rotated when they fit in L2), weights, outputs."""
+
+    chain: Chain
+    xs: list[Any]
+    ws: list[list[Any]]  # per input set, per stage
+    ys: list[Any]  # per stage outputs (shared by all sets)
+
+    @classmethod
+    def allocate(cls, chain: Chain, l2_bytes: int, seed: int) -> "Problem":
+        cp = _cp()
+        s0 = chain.stages[0]
+        set_bytes = 2 * (s0.m * s0.k + sum(s.n * s.k for s in chain.stages))
+        # Rotate among enough sets that the working set is at least twice the L2.
+        sets = max(1, min(8, math.ceil(2 * l2_bytes / set_bytes)))
+        rng = cp.random.default_rng(seed)
+        xs = [_rand(rng, (s0.m, s0.k), 1.0) for _ in range(sets)]
+        ws = [[_rand(rng, (s.n, s.k), 1.0 / math.sqrt(s.k)) for s in chain.stages] for _ in range(sets)]
+        ys = [cp.empty((s.m, s.n_out), dtype=cp.float16) for s in chain.stages]
+        return cls(chain, xs, ws, ys)
+
+    def refresh(self, seed: int) -> None:
+        """Draw fresh random inputs into set 0 (verification never reuses a previous draw)."""
+        cp = _cp()
+        rng = cp.random.default_rng(seed)
+        s0 = self.chain.stages[0]
+        self.xs[0][...] = _rand(rng, (s0.m, s0.k), 1.0)
+        for i, s in enumerate(self.chain.stages):
+            self.ws[0][i][...] = _rand(rng, (s.n, s.k), 1.0 / math.sqrt(s.k))
+
+
+def _rand(rng, shape, scale):
+    cp = _cp()
+    # uniform in [-scale, scale), never exactly zero everywhere
+    return (rng.random(shape, dtype=cp.float32) * (2 * scale) - scale).astype(cp.float16)
+
+
+def reference(chain: Chain, x, ws) -> Any:
+    """Float32 reference of the whole chain (cuBLAS on upcast inputs)."""
+    cp = _cp()
+    a = x.astype(cp.float32)
+    for st, w in zip(chain.stages, ws):
+        c = a @ w.astype(cp.float32).T
+        if st.epilogue == "gelu":
+            c = 0.5 * c * (1.0 + cp.tanh(0.7978845608028654 * (c + 0.044715 * c ** 3)))
+        elif st.epilogue == "silu_mul":
+            g, u = c[:, 0::2], c[:, 1::2]
+            c = g / (1.0 + cp.exp(-g)) * u
+        a = c
+    return a
+
+
+def rel_error(out, ref) -> float:
+    cp = _cp()
+    o = out.astype(cp.float32)
+    if bool(cp.isnan(o).any()):
+        return float("nan")
+    return float(cp.linalg.norm(o - ref) / max(float(cp.linalg.norm(ref)), 1e-30))
+
+
+class Runner:
+    """A loaded, allocated config, runnable any number of times (one epoch per run)."""
+
+    def __init__(self, rendered: Rendered, module, problem: Problem):
+        cp = _cp()
+        self.r = rendered
+        self.problem = problem
+        self.state = cp.zeros(rendered.state_words, dtype=cp.uint32)  # zeroed once, never reset
+        self.wsbuf = cp.empty(rendered.ws_floats, dtype=cp.float32)
+        self.funcs = {}
+        for l in rendered.launches:
+            f = module.get_function(l.kernel)
+            if l.smem > 48 * 1024:
+                f.max_dynamic_shared_size_bytes = l.smem
+            self.funcs[l.kernel] = f
+        self.epoch = 0
+        self.streams = [cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)]
+        self.fork = cp.cuda.Event(disable_timing=True)
+        self.join = cp.cuda.Event(disable_timing=True)
+        cp.cuda.Device().synchronize()  # the zeroed state must land before the first run
+
+    def args(self, s: int) -> tuple:
+        cp = _cp()
+        p = self.problem
+        out: list[Any] = [p.xs[s]]
+        for w, y in zip(p.ws[s], p.ys):
+            out += [w, y]
+        return (*out, self.wsbuf, self.state, cp.uint32(self.epoch))
+
+    def enqueue(self, s: int = 0) -> None:
+        """Enqueue one run of the chain on stream 0 (stream 1 forks from and joins into it)."""
+        self.epoch += 1
+        args = self.args(s)
+        s0, s1 = self.streams
+        two = any(l.stream == 1 for l in self.r.launches)
+        if two:
+            self.fork.record(s0)
+            s1.wait_event(self.fork)
+        for l in self.r.launches:
+            self.funcs[l.kernel]((l.grid,), (l.threads,), args, shared_mem=l.smem, stream=self.streams[l.stream])
+        if two:
+            self.join.record(s1)
+            s0.wait_event(self.join)
+
+    def error_flag(self) -> int:
+        return int(self.state[self.r.err_word].get())
+
+    def time(self, warmup: int, reps: int) -> list[float]:
+        """Per-run times in µs, each run bracketed by events; runs are queued back to back."""
+        cp = _cp()
+        s0 = self.streams[0]
+        sets = len(self.problem.xs)
+        for i in range(warmup):
+            self.enqueue(i % sets)
+        evs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
+        for i, (a, b) in enumerate(evs):
+            a.record(s0)
+            self.enqueue(i % sets)
+            b.record(s0)
+        s0.synchronize()
+        return [cp.cuda.get_elapsed_time(a, b) * 1000.0 for a, b in evs]
+
+
+class GpuBackend(Backend):
+    """Measures configs on the first visible CUDA device."""
+
+    name = "gpu"
+
+    def __init__(self, *, warmup: int = 5, reps: int = 30, seed: int = 0, cache_dir: str | None = None):
+        from ..compile import toolkit_version
+
+        cp = _cp()
+        cp.cuda.Device(0).use()
+        self.warmup, self.reps, self.seed = warmup, reps, seed
+        self.cache_dir = cache_dir
+        self._device = query_device(toolkit_version())
+        self._problems: dict[str, Problem] = {}
+        self._refs: dict[str, Any] = {}
+        self._draws = 0
+
+    def device_info(self) -> DeviceInfo:
+        return self._device
+
+    def problem(self, chain: Chain) -> Problem:
+        if chain.label not in self._problems:
+            self._problems.clear()  # one chain's buffers at a time: the weights are large
+            self._refs.clear()
+            self._problems[chain.label] = Problem.allocate(chain, self._device.l2_bytes, self.seed)
+        return self._problems[chain.label]
+
+    def load(self, chain: Chain, config: Config, fault: str = "none") -> tuple[Runner | None, Measurement]:
+        """Render, compile and load; on failure the Measurement says why (and the runner is None)."""
+        from ..compile import CompileError, compile_source
+
+        rendered = render(chain, config, fault)
+        base = dict(source_hash=rendered.hash)
+        try:
+            mod = compile_source(rendered.source, self._device.arch, cache_dir=self.cache_dir,
+                                 accept_other_toolkit=True)
+        except CompileError as exc:
+            return None, Measurement.failed("compile", str(exc).splitlines()[0][:500], **base)
+        base.update(compile_s=mod.compile_s, resources=mod.kernels)
+        for l in rendered.launches:
+            res = mod.kernels.get(l.kernel, {})
+            regs = res.get("registers", 0)
+            if regs * l.threads > self._device.regs_per_block or l.smem + res.get("smem", 0) > self._device.smem_per_block:
+                return None, Measurement.failed(
+                    "resources", f"{l.kernel}: {regs} registers x {l.threads} threads, {l.smem} B shared: cannot launch",
+                    **base)
+        cp = _cp()
+        try:
+            with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as fh:
+                fh.write(mod.cubin)
+            try:
+                module = cp.RawModule(path=fh.name)
+                runner = Runner(rendered, module, self.problem(chain))
+            finally:
+                os.unlink(fh.name)
+        except cp.cuda.driver.CUDADriverError as exc:
+            return None, Measurement.failed("launch", f"load: {exc}", **base)
+        return runner, Measurement(ok=True, **base)
+
+    def verify(self, chain: Chain, runner: Runner) -> tuple[float, str | None]:
+        """Fresh inputs, poisoned outputs, one run; returns (error, failure reason or None)."""
+        cp = _cp()
+        p = runner.problem
+        self._draws += 1
+        p.refresh(self.seed * 1000003 + self._draws)
+        ref = reference(chain, p.xs[0], p.ws[0])
+        for y in p.ys:
+            y.view(cp.uint16).fill(POISON)
+        # Fresh inputs, reference and poison were queued on the default stream; the chain runs on
+        # its own non-blocking streams, which do not wait for it.
+        cp.cuda.Device().synchronize()
+        runner.enqueue(0)
+        runner.streams[0].synchronize()
+        if runner.error_flag():
+            return float("nan"), "timeout"
+        err = rel_error(p.ys[-1], ref)
+        if not err < VERIFY_TOL:  # NaN (an unwritten element) fails too
+            return err, "incorrect"
+        self._refs[chain.label] = ref
+        return err, None
+
+    def measure(self, chain: Chain, config: Config, fault: str = "none") -> Measurement:
+        cp = _cp()
+        runner, m = self.load(chain, config, fault)
+        if runner is None:
+            return m
+        try:
+            err, why = self.verify(chain, runner)
+            m.error = None if math.isnan(err) else err
+            if why:
+                msg = "a semaphore wait timed out (bounded spin)" if why == "timeout" else \
+                    f"relative error {err:.3g} (limit {VERIFY_TOL}), or unwritten elements"
+                return Measurement.failed(why, msg, **{k: getattr(m, k) for k in ("source_hash", "compile_s",
+                                                                                  "resources", "error")})
+            times = runner.time(self.warmup, self.reps)
+            if runner.error_flag():
+                return Measurement.failed("timeout", "a semaphore wait timed out while timing",
+                                          source_hash=m.source_hash, compile_s=m.compile_s, resources=m.resources)
+            if len(runner.problem.xs) == 1:
+                # The last timed run saw the verified inputs again: semaphores many epochs on
+                # must still order the chain, so its output must still match.
+                err2 = rel_error(runner.problem.ys[-1], self._refs[chain.label])
+                if not err2 < VERIFY_TOL:
+                    return Measurement.failed("incorrect", f"wrong after repeated runs: relative error {err2:.3g}",
+                                              source_hash=m.source_hash, compile_s=m.compile_s, resources=m.resources)
+            m.times_us = [round(t, 3) for t in times]
+            m.median_us = round(median(times), 3)
+            return m
+        except cp.cuda.driver.CUDADriverError as exc:
+            return Measurement.failed("launch", str(exc)[:500], source_hash=m.source_hash, compile_s=m.compile_s,
+                                      resources=m.resources)

@@ -1,0 +1,147 @@
+"""Trial isolation: a backend that runs another backend in a child process.
+
+The child owns the CUDA context and stays warm between trials. A sticky CUDA error or a
+crash kills only the child: the trial is a ``launch`` failure and a fresh child starts for
+the next one. A trial that does not answer by its deadline (a kernel that ignores the
+in-kernel spin bound, say) gets the child killed and is a ``timeout`` failure.
+"""
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import time
+import traceback
+from typing import Any
+
+from ..config import Config
+from ..workloads import Chain
+from .base import Backend, DeviceInfo, Measurement
+
+STICKY_MARKERS = ("illegal", "launch failure", "unspecified launch", "misaligned", "exception", "ECC")
+
+
+def _load(factory: str):
+    mod, _, name = factory.partition(":")
+    return getattr(importlib.import_module(mod), name)
+
+
+def _serve(conn, factory: str, kwargs: dict[str, Any]) -> None:
+    """Child process: build the backend, answer requests until told to stop or poisoned."""
+    try:
+        backend = _load(factory)(**kwargs)
+        conn.send(("ready", backend.device_info()))
+    except Exception as exc:  # the parent reports it; nothing else can be done here
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg[0] == "stop":
+            backend.close()
+            return
+        _, chain, config, fault = msg
+        try:
+            m = backend.measure(chain, config, fault) if fault != "none" else backend.measure(chain, config)
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            conn.send(("crash", text, traceback.format_exc()))
+            return  # the context may be poisoned: let the parent start a fresh child
+        conn.send(("done", m))
+        if not m.ok and m.reason == "launch" and any(k in m.message for k in STICKY_MARKERS):
+            return  # sticky errors poison the context
+
+
+class WorkerBackend(Backend):
+    """Runs ``factory`` (``"module:Class"``) in a child process with a per-trial deadline."""
+
+    name = "worker"
+
+    def __init__(self, factory: str = "tuner.backends.gpu:GpuBackend", kwargs: dict[str, Any] | None = None,
+                 *, deadline_s: float = 60.0, start_timeout_s: float = 300.0, plant: dict[int, str] | None = None):
+        self.factory, self.kwargs = factory, dict(kwargs or {})
+        self.floor_s, self.start_timeout_s = deadline_s, start_timeout_s
+        self.deadline_s = deadline_s
+        # Testing hook: plant a fault (see tuner.render.FAULTS) in the N-th measured config (1-based).
+        self.plant = dict(plant or {})
+        self.calls = 0
+        self._ctx = mp.get_context("spawn")
+        self._proc = None
+        self._conn = None
+        self._device: DeviceInfo | None = None
+        self.restarts = 0
+        self.replayed = bool(getattr(_load(factory), "replayed", False))
+        self.name = getattr(_load(factory), "name", "worker")
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_serve, args=(child, self.factory, self.kwargs), daemon=True)
+        self._proc.start()
+        child.close()
+        self._conn = parent
+        if not parent.poll(self.start_timeout_s):
+            self._kill()
+            raise RuntimeError(f"backend worker did not start within {self.start_timeout_s:.0f}s")
+        kind, payload = parent.recv()
+        if kind != "ready":
+            self._kill()
+            raise RuntimeError(f"backend worker failed to start: {payload}")
+        self._device = payload
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.kill()
+        if self._proc is not None:
+            self._proc.join(10)
+        if self._conn is not None:
+            self._conn.close()
+        self._proc = self._conn = None
+
+    def device_info(self) -> DeviceInfo:
+        if self._device is None:
+            self._start()
+        assert self._device is not None
+        return self._device
+
+    def set_reference_time(self, us: float, runs: int = 40) -> None:
+        """Derive the per-trial deadline from a measured chain time: the floor plus 100x the runs."""
+        self.deadline_s = self.floor_s + 100 * runs * us * 1e-6
+
+    def measure(self, chain: Chain, config: Config, fault: str = "none") -> Measurement:
+        self.calls += 1
+        fault = self.plant.get(self.calls, fault)
+        if self._proc is None or not self._proc.is_alive():
+            if self._proc is not None:
+                self.restarts += 1
+            self._kill()
+            self._start()
+        assert self._conn is not None
+        t0 = time.monotonic()
+        try:
+            self._conn.send(("measure", chain, config, fault))
+            ready = self._conn.poll(self.deadline_s)
+            reply = self._conn.recv() if ready else None
+        except (EOFError, OSError, BrokenPipeError):
+            reply = ("died",)
+        if reply is None:
+            self._kill()
+            return Measurement.failed("timeout", f"no answer within {self.deadline_s:.0f}s: worker killed, "
+                                                 "the next trial gets a fresh one")
+        if reply[0] == "done":
+            return reply[1]
+        code = self._proc.exitcode if self._proc is not None else None
+        self._kill()
+        if reply[0] == "crash":
+            return Measurement.failed("launch", reply[1][:500])
+        return Measurement.failed("launch", f"worker died after {time.monotonic() - t0:.1f}s (exit code {code})")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.send(("stop",))
+            except (OSError, BrokenPipeError):
+                pass
+            if self._proc is not None:
+                self._proc.join(10)
+        self._kill()

@@ -1,0 +1,340 @@
+"""Command line: ``python -m tuner {study,bench,export,show,list,compile}``.
+
+Every user error surfaces as one ``tuner: error: ...`` line on stderr and exit
+status 2 (``--debug`` adds the traceback); this module is the one place that
+maps errors to exit statuses.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import shlex
+import sys
+import traceback
+from pathlib import Path
+from typing import Callable, NoReturn, Sequence
+
+from . import UsageError, __version__
+from .store import DEFAULT_STORAGE, check_exists
+from .workloads import WORKLOADS, WorkloadError, get_workload
+
+USER_ERRORS = (UsageError, WorkloadError)
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+__all__ = ["UsageError", "build_parser", "main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument becomes a UsageError (one line, exit 2) instead of usage plus message."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see python -m {self.prog} --help)")
+
+
+# ---------------------------------------------------------------------------
+# Argument types
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        values = tuple(int(p) for p in parts)
+    except ValueError:
+        values = ()
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas (e.g. 64,2048), got {text!r}")
+    return values
+
+
+# ---------------------------------------------------------------------------
+# Parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    common.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
+                        help=f"SQLAlchemy URL of the study database (default: {DEFAULT_STORAGE})")
+    common.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+
+    parser = _Parser(prog="tuner", description="Auto-tuner for chains of dependent tiled CUDA kernels "
+                                               "that synchronize tile by tile.")
+    parser.add_argument("--version", action="version", version=f"tuner {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    def command(name: str, help_: str, run: Callable[[argparse.Namespace, list[str]], int]) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help_, description=help_)
+        p.set_defaults(run=run)
+        return p
+
+    def sizes(p: argparse.ArgumentParser, fixed: bool = True) -> None:
+        p.add_argument("--tokens", type=_int_list, metavar="LIST", help="token counts, comma separated")
+        if fixed:
+            p.add_argument("--hidden", type=_positive_int, metavar="N", help="model width")
+            p.add_argument("--ffn", type=_positive_int, metavar="N", help="MLP width")
+
+    from .backends import BACKENDS  # noqa: PLC0415
+    from .study import SAMPLERS  # noqa: PLC0415
+
+    p = command("study", "tune a workload: one Optuna study per size and device", _cmd_study)
+    p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
+    sizes(p)
+    p.add_argument("--study-file", type=Path, metavar="F", help="study TOML (default: studies/<workload>.toml)")
+    p.add_argument("--space", type=Path, metavar="F", help="search space TOML (default: the study file's)")
+    p.add_argument("--sampler", choices=SAMPLERS, help="tpe, random or grid (default: the study file's)")
+    p.add_argument("--seed", type=_non_negative_int, metavar="N", help="sampler seed")
+    p.add_argument("--trials", type=_positive_int, metavar="N", help="measured trials per size, in total")
+    p.add_argument("--timeout", type=_positive_float, metavar="S", help="stop each size's study after S seconds")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="gpu measures, replay answers from recordings, auto picks gpu when one is visible")
+    p.add_argument("--replay-file", type=Path, nargs="+", action="extend", metavar="F",
+                   help="recordings to replay (default: studies/*.measurements.json)")
+
+    p = command("bench", "measure a workload's configs on the GPU and record them", _cmd_bench)
+    p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
+    sizes(p, fixed=False)
+    p.add_argument("--trials", type=_positive_int, metavar="N", help="configs to measure per size")
+    p.add_argument("--out", type=Path, metavar="PATH", help="where to write the recording")
+
+    from .export import FORMATS  # noqa: PLC0415
+
+    p = command("export", "write the best configs per device and size", _cmd_export)
+    p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
+    p.add_argument("-o", "--output", type=Path, metavar="PATH", help="default: tuned/<workload>.json (or .h)")
+    p.add_argument("--format", choices=FORMATS, default="json", help="json or a C++ header")
+
+    p = command("show", "summarize the stored studies of a workload", _cmd_show)
+    p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+
+    command("list", "list workloads and stored studies", _cmd_list)
+
+    p = command("compile", "render and compile a workload's kernels with NVRTC (no GPU needed)", _cmd_compile)
+    p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
+    p.add_argument("--arch", default="sm_90", help="target architecture (default: sm_90)")
+    sizes(p, fixed=False)
+    p.add_argument("--jobs", type=_positive_int, metavar="N", help="parallel compiles")
+    p.add_argument("--limit", type=_positive_int, metavar="N", help="compile at most N configs per size")
+    return parser
+
+
+# ---------------------------------------------------------------------------
+# Commands
+
+
+def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
+    from .backends import get_backend  # noqa: PLC0415
+    from .space import load_space  # noqa: PLC0415
+    from .store import MeasurementStore  # noqa: PLC0415
+    from .study import StudySpec, default_study, describe, figure_tag, load_study_file, run_study  # noqa: PLC0415
+
+    wl = get_workload(args.workload)
+    spec = load_study_file(args.study_file) if args.study_file else default_study(wl.name)
+    if spec.workload != wl.name:
+        raise UsageError(f"{spec.source} tunes {spec.workload}, not {wl.name}; accepted: "
+                         f"python -m tuner study {spec.workload} --study-file {args.study_file}")
+    sizes = dict(spec.sizes)
+    for key in ("tokens", "hidden", "ffn"):
+        value = getattr(args, key)
+        if value is not None:
+            if key not in wl.params:
+                raise UsageError(f"workload {wl.name} has no size --{key}; accepted: "
+                                 f"{', '.join('--' + p for p in wl.params)}")
+            sizes[key] = value if isinstance(value, tuple) else (value,)
+    spec = StudySpec(spec.workload, sizes, spec.space, spec.sampler, spec.seed, spec.trials, spec.timeout, spec.source)
+    chains = spec.chains()
+    space = load_space(args.space or spec.space)
+    sampler = args.sampler or spec.sampler
+    seed = spec.seed if args.seed is None else args.seed
+    trials = args.trials or spec.trials
+    timeout = args.timeout or spec.timeout
+    MeasurementStore(args.storage).close()  # an unusable storage fails here, before any work
+
+    backend = get_backend(args.backend, args.replay_file, announce=print)
+    try:
+        tag = figure_tag(backend)
+        if getattr(backend, "synthetic", False):
+            print("WARNING: synthetic figures, not measurements: the recording replayed here was made by a toy "
+                  "cost model (tests/data/make_synthetic.py); every figure below is marked 'replayed, synthetic'")
+        if backend.replayed:
+            recorded = set(backend.labels())
+            runnable = [c for c in chains if c.label in recorded]
+            for c in chains:
+                if c.label not in recorded:
+                    print(f"{c.label}: skipped, no recorded measurements to replay")
+            if not runnable:
+                raise UsageError(f"the recordings hold no size of this sweep; recorded: {', '.join(sorted(recorded))}"
+                                 f"; accepted: those sizes (e.g. --tokens), or a GPU")
+            chains = runnable
+        for chain in chains:
+            outcome = run_study(chain, space, backend, args.storage, sampler=sampler, seed=seed, trials=trials,
+                                timeout=timeout, progress=True)
+            print(describe(outcome, tag))
+            if outcome.interrupted:
+                print(f"interrupted: every measured trial is stored in {args.storage}; "
+                      f"resume with: python -m tuner {shlex.join(argv)}", file=sys.stderr)
+                return EXIT_INTERRUPTED
+    finally:
+        backend.close()
+    return 0
+
+
+def _delegate(module: str, args: argparse.Namespace) -> int:
+    try:
+        mod = importlib.import_module(f"{__package__}.{module}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__package__}.{module}":
+            raise UsageError(f"{module} needs {exc.name}, which is not installed; "
+                             f"accepted: pip install -e '.[{'gpu' if module == 'bench' else 'compile'}]'") from None
+        raise UsageError(f"the {module} command is not part of this install (no tuner/{module}.py)") from None
+    return int(mod.main(args) or 0)
+
+
+def _cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
+    from .backends import gpu_visible  # noqa: PLC0415
+
+    get_workload(args.workload)
+    if not gpu_visible():
+        raise UsageError("bench measures on a GPU and no CUDA device is visible (cupy finds none); accepted "
+                         "without a GPU: python -m tuner study --backend replay, python -m tuner compile")
+    return _delegate("bench", args)
+
+
+def _cmd_compile(args: argparse.Namespace, argv: list[str]) -> int:
+    get_workload(args.workload)
+    try:
+        importlib.import_module("cuda.bindings.nvrtc")
+    except ImportError:
+        raise UsageError("compile needs NVRTC (cuda-bindings and nvidia-cuda-nvrtc), which is not installed; "
+                         "accepted: pip install -e '.[compile]'") from None
+    return _delegate("compile", args)
+
+
+def _cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
+    from .export import export  # noqa: PLC0415
+
+    wl = get_workload(args.workload)
+    path = export(args.storage, wl.name, args.output, args.format)
+    print(f"wrote {path}")
+    return 0
+
+
+def _fmt_us(x: float | None, tag: str) -> str:
+    return "-" if x is None else f"{x:.2f} us{tag}"
+
+
+def _cmd_show(args: argparse.Namespace, argv: list[str]) -> int:
+    from .export import collect  # noqa: PLC0415
+
+    wl = get_workload(args.workload)
+    rows = collect(args.storage, wl.name)
+    if not rows:
+        raise UsageError(f"no study of {wl.name} in {args.storage}; run python -m tuner study {wl.name} first, "
+                         "or pass --storage with the URL the studies were written to")
+    if args.format == "json":
+        print(json.dumps(rows, sort_keys=True, indent=2))
+        return 0
+    table = [("size", "device", "best", "baseline", "speedup", "trials", "failures", "refused", "best config")]
+    for r in rows:
+        tag = " replayed, synthetic" if r["synthetic"] else " replayed" if r["replayed"] else ""
+        measured_fails = {**r["failures"], "constraint": r["failures"]["constraint"] - r["refused"]}
+        fails = ", ".join(f"{k} {v}" for k, v in measured_fails.items() if v) or "-"
+        table.append((",".join(f"{k}={v}" for k, v in r["size"].items()), r["device"],
+                      _fmt_us(r["best"] and r["best"]["median_us"], tag), _fmt_us(r["baseline_us"], tag),
+                      "-" if r["speedup"] is None else f"{r['speedup']:.2f}x{tag}", str(r["trials"]), fails,
+                      str(r["refused"]), r["best"]["short"] if r["best"] else "-"))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace, argv: list[str]) -> int:
+    print("workloads:")
+    for wl in WORKLOADS.values():
+        fixed = ", ".join(f"{k}={v}" for k, v in wl.defaults.items())
+        print(f"  {wl.name}: {wl.description}")
+        print(f"    sweep {wl.sweep_param} = {','.join(map(str, wl.sweep))} ({fixed})")
+    try:
+        check_exists(args.storage)
+    except UsageError:
+        print(f"stored studies: none ({args.storage} does not exist yet)")
+        return 0
+    import optuna  # noqa: PLC0415
+
+    from .store import open_optuna_storage  # noqa: PLC0415
+
+    summaries = optuna.get_all_study_summaries(open_optuna_storage(args.storage), include_best_trial=True)
+    print(f"stored studies in {args.storage}:" if summaries else f"stored studies: none in {args.storage}")
+    for s in sorted(summaries, key=lambda s: s.study_name):
+        attrs = s.user_attrs
+        tag = " (replayed, synthetic)" if attrs.get("synthetic") else " (replayed)" if attrs.get("replayed") else ""
+        best = f"best {s.best_trial.value:.2f} us{tag}" if s.best_trial is not None else "no successful trial"
+        print(f"  {s.study_name}: {s.n_trials} trials, {best}")
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# Entry point
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 2 user error, 130 interrupted)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as exc:  # --help and --version
+            return int(exc.code or 0)
+        return args.run(args, argv)
+    except USER_ERRORS as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"tuner: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        hint = f"; resume with: python -m tuner {shlex.join(argv)}" if argv[:1] == ["study"] else ""
+        print(f"tuner: interrupted{hint}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug, not a user error: keep it short unless asked
+        if debug:
+            raise
+        print(f"tuner: internal error: {type(exc).__name__}: {_one_line(exc)} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1

@@ -1,0 +1,121 @@
+"""A tuning configuration: a frozen value validated once, then trusted downstream.
+
+``Config`` carries everything rendering needs. Its flat form (``params``) is what
+Optuna sees: one named parameter per knob, e.g. ``gemm1.bm`` or ``policy``.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+from .workloads import Chain, GemmStage
+
+TILE_FIELDS = ("bm", "bn", "bk", "wm", "wn", "stages", "split_k")
+GLOBAL_FIELDS = ("policy", "order", "dispatch", "launch")
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class StageTiles:
+    """Tiling of one GEMM stage: block tile, warp grid, pipeline depth and split-K."""
+
+    bm: int
+    bn: int
+    bk: int
+    wm: int
+    wn: int
+    stages: int
+    split_k: int = 1
+
+    @property
+    def warps(self) -> int:
+        return self.wm * self.wn
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def smem_bytes(self) -> int:
+        """Shared memory of the cp.async ring: A and B tiles, rows padded by 16 bytes."""
+        row = self.bk * 2 + 16
+        return self.stages * (self.bm + self.bn) * row
+
+
+@dataclass(frozen=True)
+class StageGrid:
+    """How a stage's output is cut into tiles, derived from its size and tiling."""
+
+    stage: GemmStage
+    tiles: StageTiles
+
+    @property
+    def mt(self) -> int:
+        return cdiv(self.stage.m, self.tiles.bm)
+
+    @property
+    def nt(self) -> int:
+        return cdiv(self.stage.n, self.tiles.bn)
+
+    @property
+    def kc(self) -> int:
+        """K chunks of the whole reduction."""
+        return cdiv(self.stage.k, self.tiles.bk)
+
+    @property
+    def ks(self) -> int:
+        """K chunks per split."""
+        return cdiv(self.kc, self.tiles.split_k)
+
+    @property
+    def blocks(self) -> int:
+        return self.mt * self.nt * self.tiles.split_k
+
+    def split_chunks(self, s: int) -> range:
+        return range(s * self.ks, min((s + 1) * self.ks, self.kc))
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of the search space."""
+
+    tiles: tuple[StageTiles, ...]
+    policy: str
+    order: str
+    dispatch: str
+    launch: str
+
+    def params(self) -> dict[str, Any]:
+        """Flat parameter dict, stage knobs prefixed by the stage name (``gemm1.bm``)."""
+        out: dict[str, Any] = {}
+        for i, t in enumerate(self.tiles):
+            for f in TILE_FIELDS:
+                out[f"gemm{i + 1}.{f}"] = getattr(t, f)
+        for f in GLOBAL_FIELDS:
+            out[f] = getattr(self, f)
+        return out
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], n_stages: int) -> "Config":
+        tiles = tuple(StageTiles(**{f: int(params[f"gemm{i + 1}.{f}"]) for f in TILE_FIELDS}) for i in range(n_stages))
+        return cls(tiles, *(str(params[f]) for f in GLOBAL_FIELDS))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tiles": [asdict(t) for t in self.tiles], **{f: getattr(self, f) for f in GLOBAL_FIELDS}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Config":
+        names = {f.name for f in fields(StageTiles)}
+        tiles = tuple(StageTiles(**{k: int(v) for k, v in t.items() if k in names}) for t in d["tiles"])
+        return cls(tiles, *(str(d[f]) for f in GLOBAL_FIELDS))
+
+    def grids(self, chain: Chain) -> tuple[StageGrid, ...]:
+        return tuple(StageGrid(s, t) for s, t in zip(chain.stages, self.tiles))
+
+    def short(self) -> str:
+        """A compact one-line description for tables and logs."""
+        t = " | ".join(f"{x.bm}x{x.bn}x{x.bk} w{x.wm}x{x.wn} s{x.stages}" + (f" k{x.split_k}" if x.split_k > 1 else "")
+                       for x in self.tiles)
+        return f"{self.policy}/{self.launch}/{self.order}-{self.dispatch} [{t}]"

@@ -1,0 +1,148 @@
+"""Export the best configs of a workload's studies, per device and size, as JSON or a C++ header.
+
+The output depends only on the stored trials: keys are sorted, rows are in a
+fixed order and nothing records when it was written, so two identical studies
+export byte-identical files.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from . import UsageError, __version__
+from .backends.base import FAIL_REASONS
+from .config import TILE_FIELDS, Config
+from .store import check_exists, open_optuna_storage
+from .study import summarize
+from .workloads import get_workload
+
+SCHEMA_VERSION = 1
+FORMATS = ("json", "header")
+
+
+def collect(storage: str, workload: str) -> list[dict[str, Any]]:
+    """One result per stored study of ``workload``: best config, baseline, speedup, trial and failure counts."""
+    import optuna  # noqa: PLC0415 - slow import
+
+    wl = get_workload(workload)
+    check_exists(storage)
+    rdb = open_optuna_storage(storage)
+    rows = []
+    for s in optuna.get_all_study_summaries(rdb, include_best_trial=False):
+        attrs = s.user_attrs
+        if attrs.get("workload") != wl.name:
+            continue
+        trials = optuna.load_study(study_name=s.study_name, storage=rdb).get_trials(deepcopy=False)
+        summ = summarize(trials)
+        best = summ.best
+        rows.append({
+            "study": s.study_name,
+            "label": attrs.get("label", ""),
+            "device": attrs.get("device", ""),
+            "size": attrs.get("size", {}),
+            "replayed": bool(attrs.get("replayed", False)),
+            "synthetic": bool(attrs.get("synthetic", False)),
+            "trials": summ.measured,
+            "failures": {r: summ.failures.get(r, 0) for r in FAIL_REASONS},
+            "refused": summ.rejected,  # of the constraint failures: suggestions refused before measuring
+            "best": None if best is None else {
+                "params": dict(sorted(best.params.items())),
+                "config": best.user_attrs.get("config"),
+                "short": _short(best),
+                "median_us": best.value,
+                "error": best.user_attrs.get("error"),
+            },
+            "baseline_us": summ.baseline_us,
+            "speedup": summ.speedup,
+        })
+    rows.sort(key=lambda r: (r["device"], tuple(r["size"].get(p, 0) for p in wl.params), r["study"]))
+    return rows
+
+
+def _short(trial: Any) -> str:
+    cfg = trial.user_attrs.get("config")
+    return Config.from_dict(cfg).short() if cfg else ""
+
+
+def document(storage: str, workload: str) -> dict[str, Any]:
+    """The export of ``workload`` as a JSON-ready dict."""
+    rows = collect(storage, workload)
+    if not rows:
+        raise UsageError(f"no study of {workload} in {storage}; run python -m tuner study {workload} first, "
+                         "or pass --storage with the URL the studies were written to")
+    return {"schema_version": SCHEMA_VERSION, "workload": workload, "tuner_version": __version__, "results": rows}
+
+
+def to_json(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, sort_keys=True, indent=2) + "\n"
+
+
+def _cpp_name(workload: str) -> str:
+    return "".join(part.capitalize() for part in workload.replace("-", "_").split("_"))
+
+
+def _num(x: float | None) -> str:
+    return "0.0" if x is None else repr(float(x))
+
+
+def to_header(doc: dict[str, Any]) -> str:
+    """A C++ header with one ``constexpr`` entry per device and size that has a best config."""
+    wl = get_workload(doc["workload"])
+    rows = [r for r in doc["results"] if r["best"] is not None]
+    if not rows:
+        raise UsageError(f"nothing to export for {wl.name}: no study has a successful trial yet")
+    n = len(rows[0]["best"]["config"]["tiles"])
+    name = _cpp_name(wl.name)
+    fields = ["  const char* device;"]
+    fields += [f"  int {p};" for p in wl.params]
+    fields += ["  const char* policy;", "  const char* order;", "  const char* dispatch;", "  const char* launch;"]
+    fields += [f"  int {f}[{n}];" for f in TILE_FIELDS]
+    fields += ["  double median_us;", "  double baseline_us;  // 0 when no stream baseline was measured",
+               "  double speedup;  // 0 when no stream baseline was measured",
+               "  bool replayed;  // figures replayed from a recording", "  bool synthetic;  // modelled, not measured"]
+    entries = []
+    for r in rows:
+        cfg = r["best"]["config"]
+        vals = [json.dumps(r["device"])] + [str(r["size"].get(p, 0)) for p in wl.params]
+        vals += [json.dumps(cfg[k]) for k in ("policy", "order", "dispatch", "launch")]
+        vals += ["{" + ", ".join(str(t[f]) for t in cfg["tiles"]) + "}" for f in TILE_FIELDS]
+        vals += [_num(r["best"]["median_us"]), _num(r["baseline_us"]), _num(r["speedup"]),
+                 "true" if r["replayed"] else "false", "true" if r["synthetic"] else "false"]
+        entries.append("    {" + ", ".join(vals) + "},")
+    lines = [
+        f"// Tuned configs of {wl.name}: {wl.description}.",
+        f"// Exported by tuner {doc['tuner_version']} (python -m tuner export {wl.name} --format header),"
+        f" schema {doc['schema_version']}.",
+        "#pragma once",
+        "",
+        "namespace tuner_tuned {",
+        "",
+        f"struct {name}Entry {{",
+        *fields,
+        "};",
+        "",
+        f"constexpr {name}Entry k{name}[] = {{",
+        *entries,
+        "};",
+        f"constexpr int k{name}Count = {len(entries)};",
+        "",
+        "}  // namespace tuner_tuned",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def export(storage: str, workload: str, out: str | Path | None = None, fmt: str = "json") -> Path:
+    """Write the export of ``workload``; the default path is ``tuned/<workload>.json`` (or ``.h``)."""
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown export format {fmt!r}; accepted: {', '.join(FORMATS)}")
+    doc = document(storage, workload)
+    text = to_json(doc) if fmt == "json" else to_header(doc)
+    path = Path(out) if out else Path("tuned") / f"{workload}.{'json' if fmt == 'json' else 'h'}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return path

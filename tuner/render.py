@@ -1,0 +1,139 @@
+"""Render a chain and a config into one self-contained CUDA source, plus its launch plan.
+
+Only validated numbers and names from :mod:`tuner.sync` reach the template
+(Jinja2 with StrictUndefined). The plan says which kernels to launch, on which
+stream, with what grid, block and dynamic shared memory, and how large the
+semaphore state and split-K workspace must be.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import lru_cache
+
+import jinja2
+
+from .config import Config, StageGrid
+from .paths import templates_dir
+from .sync import ORDERS, POLICIES, pair_env
+from .workloads import Chain
+
+HEADERS = ("sync.cuh", "gemm.cuh")
+FAULTS = ("none", "missing_post", "illegal_address", "hang")  # planted faults, for tests only
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of the chain."""
+
+    kernel: str
+    grid: int
+    threads: int
+    smem: int
+    stream: int  # 0 or 1
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A rendered source, its hash, and how to run it."""
+
+    source: str
+    hash: str
+    launches: tuple[Launch, ...]
+    state_words: int  # u32 semaphores/counters, zeroed once at allocation, never reset
+    ws_floats: int  # split-K partial sums
+    err_word: int
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(l.kernel for l in self.launches))
+
+
+@lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
+                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+
+
+@lru_cache(maxsize=1)
+def _headers() -> str:
+    # Plain CUDA headers, pasted in verbatim (inline PTX braces would confuse Jinja), so the
+    # rendered source is self-contained and its hash covers every line the compiler sees.
+    parts = []
+    for name in HEADERS:
+        text = (templates_dir() / name).read_text()
+        parts.append(f"// ---- {name}\n" + text.replace("#pragma once\n", ""))
+    return "\n".join(parts)
+
+
+class _Words:
+    """Hands out consecutive slices of the u32 state buffer."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def take(self, count: int) -> int:
+        base, self.n = self.n, self.n + count
+        return base
+
+
+def _smem(grid: StageGrid) -> int:
+    return grid.tiles.smem_bytes()
+
+
+def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
+    """Render ``config`` for ``chain``; the config is trusted to satisfy the space's constraints."""
+    if fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}")
+    grids = config.grids(chain)
+    policy = POLICIES[config.policy]
+    order = ORDERS[config.order]
+    words = _Words()
+    err_word = words.take(1)
+    ws = 0
+    stages = []
+    for i, g in enumerate(grids):
+        st, tl = g.stage, g.tiles
+        entry = dict(index=i, name=st.name, M=st.m, N=st.n, K=st.k, NOUT=st.n_out, epilogue=st.epilogue,
+                     MT=g.mt, NT=g.nt, S=tl.split_k, KS=g.ks, KC=g.kc, blocks=g.blocks, threads=tl.threads,
+                     BM=tl.bm, BN=tl.bn, BK=tl.bk, WM=tl.wm, WN=tl.wn, STAGES=tl.stages,
+                     order_m=order.m.c, order_n=order.n.c, order_s=order.s.c,
+                     wait=None, post=None, started=None, guard=None, ticket=None, ws_base=0, arrive_base=0)
+        if tl.split_k > 1:
+            entry["ws_base"] = ws
+            ws += tl.split_k * st.m * st.n
+            entry["arrive_base"] = words.take(g.mt * g.nt)
+        if config.dispatch == "ticket" and config.launch != "fused":
+            entry["ticket"] = words.take(1)
+        stages.append(entry)
+    if policy is not None:
+        for i in range(1, len(grids)):
+            env = pair_env(grids[i - 1], grids[i])
+            base = words.take(policy.sems(env))
+            stages[i - 1]["post"] = dict(env=env, sem_base=base, sem=policy.post_sem.c)
+            stages[i]["wait"] = dict(env=env, sem_base=base, doc=f"sync policy '{policy.name}': {policy.doc}",
+                                     when=policy.wait_when.c, lo=policy.wait_row_lo.c, hi=policy.wait_row_hi.c,
+                                     sem=policy.wait_sem.c, count=policy.wait_count.c)
+            if config.launch == "two_stream":
+                started = words.take(1)
+                stages[i - 1]["started"] = started
+                stages[i]["guard"] = started
+    fused_ticket = words.take(1) if config.launch == "fused" else 0
+    total_blocks = sum(g.blocks for g in grids)
+    threads = max(g.tiles.threads for g in grids)
+    source = _env().get_template("chain.cu.j2").render(
+        label=chain.label, config_short=config.short(), stages=stages, launch=config.launch,
+        dispatch=config.dispatch, fault=fault, err_word=err_word, fused_ticket=fused_ticket,
+        total_blocks=total_blocks, threads=threads, headers=_headers())
+    if config.launch == "fused":
+        launches: tuple[Launch, ...] = (Launch("fused_kernel", total_blocks, threads, max(map(_smem, grids)), 0),)
+    else:
+        out = []
+        for i, g in enumerate(grids):
+            stream = 0 if config.launch == "serial" else i % 2
+            if stages[i]["guard"] is not None:
+                out.append(Launch(f"guard{i}_kernel", 1, 32, 0, stream))
+            out.append(Launch(f"stage{i}_kernel", g.blocks, g.tiles.threads, _smem(g), stream))
+        launches = tuple(out)
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    return Rendered(source, digest, launches, max(words.n, 1), max(ws, 1), err_word)

@@ -1,0 +1,661 @@
+"""Search spaces: which tilings and sync choices to try, and which of them can run at all.
+
+A search space file (TOML) lists candidate values per knob. Most combinations are
+impossible (a warp grid that does not divide the tile, too much shared memory, a
+sync policy whose wait formula needs aligned tiles, ...). Those hard constraints
+are listed once, in :data:`STAGE_CONSTRAINTS` and :data:`CHAIN_CONSTRAINTS`, and
+solved before any sampler sees the space.
+
+The full product is far too large to enumerate (two stages of a few thousand
+tilings each, times the sync choices), so :class:`FeasibleSet` works in
+structure: it enumerates each stage's feasible tilings, groups them by the few
+values the cross-stage constraints read, and counts, ranks and samples exactly
+through those groups.
+"""
+from __future__ import annotations
+
+import bisect
+import copy
+import difflib
+import hashlib
+import itertools
+import tomllib
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from . import UsageError
+from .backends.base import DeviceInfo
+from .config import GLOBAL_FIELDS, TILE_FIELDS, Config, StageGrid, StageTiles
+from .expr import Expr
+from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES, launch_allowed
+from .workloads import Chain
+
+HW_MAX_THREADS = 1024  # threads per block on every CUDA architecture the templates target
+HW_MAX_REGS = 255  # registers per thread
+
+
+class SpaceError(UsageError):
+    """A search space file is malformed, or leaves nothing feasible."""
+
+
+# ---------------------------------------------------------------------------
+# The file format
+
+
+GLOBAL_CHOICES: dict[str, tuple[str, ...]] = {
+    "policy": tuple(POLICIES),
+    "order": tuple(ORDERS),
+    "dispatch": tuple(DISPATCHES),
+    "launch": tuple(LAUNCHES),
+}
+TABLES = ("stage", "global", "limits")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps on a block beyond the device's own."""
+
+    max_threads: int = HW_MAX_THREADS
+    max_acc_regs: int = HW_MAX_REGS
+
+
+LIMIT_KEYS = tuple(Limits.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Candidate values for every knob; ``overrides`` replaces some of them for named stages."""
+
+    stage: Mapping[str, tuple[int, ...]]
+    overrides: Mapping[str, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
+    globals: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(GLOBAL_CHOICES))
+    limits: Limits = Limits()
+    source: str = "<search space>"
+
+    def stage_domain(self, stage_name: str) -> dict[str, tuple[int, ...]]:
+        """Candidate values of each tile field for one stage."""
+        return {**self.stage, **self.overrides.get(stage_name, {})}
+
+    def feasible(self, chain: Chain, device: DeviceInfo) -> "FeasibleSet":
+        """Every config of this space that can run on ``device`` for ``chain``."""
+        names = [s.name for s in chain.stages]
+        for name in self.overrides:
+            if name not in names:
+                raise SpaceError(f"{self.source}: [stage.{name}] names no stage of {chain.workload}"
+                                 f"{_did_you_mean(name, names)}; stages: {', '.join(names)}")
+        return FeasibleSet(chain, device, self)
+
+
+def _did_you_mean(word: str, options: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _int_list(value: Any, where: str, source: str) -> tuple[int, ...]:
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not items or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in items):
+        raise SpaceError(f"{source}: {where} = {value!r}: accepted: a positive integer or a non-empty list of them")
+    if len(set(items)) != len(items):
+        raise SpaceError(f"{source}: {where} = {value!r}: accepted: a list without repeated values")
+    return tuple(items)
+
+
+def _choice_list(value: Any, where: str, accepted: Sequence[str], source: str) -> tuple[str, ...]:
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    bad = [v for v in items if v not in accepted]
+    if not items or bad or len(set(items)) != len(items):
+        what = f"{bad[0]!r} is not one of them" if bad else "a non-empty list without repeated values"
+        raise SpaceError(f"{source}: {where} = {value!r}: accepted: {', '.join(accepted)} ({what})")
+    return tuple(items)
+
+
+def _unknown(key: str, where: str, valid: Sequence[str], source: str) -> SpaceError:
+    return SpaceError(f"{source}: unknown key {where}{_did_you_mean(key, valid)}; accepted: {', '.join(valid)}")
+
+
+def parse_space(data: Mapping[str, Any], source: str = "<search space>") -> SearchSpace:
+    """Validate a search space given as a mapping (the parsed TOML); ``source`` names it in errors."""
+    for key in data:
+        if key not in TABLES:
+            raise _unknown(key, repr(key), TABLES, source)
+        if not isinstance(data[key], dict):
+            raise SpaceError(f"{source}: {key} must be a table ([{key}])")
+    raw_stage = data.get("stage")
+    if raw_stage is None:
+        raise SpaceError(f"{source}: missing table [stage]; it lists {', '.join(TILE_FIELDS)}")
+    stage: dict[str, tuple[int, ...]] = {}
+    overrides: dict[str, dict[str, tuple[int, ...]]] = {}
+    for key, value in raw_stage.items():
+        if isinstance(value, dict):
+            sub = {}
+            for k, v in value.items():
+                if k not in TILE_FIELDS:
+                    raise _unknown(k, f"stage.{key}.{k}", TILE_FIELDS, source)
+                sub[k] = _int_list(v, f"stage.{key}.{k}", source)
+            overrides[key] = sub
+        elif key in TILE_FIELDS:
+            stage[key] = _int_list(value, f"stage.{key}", source)
+        else:
+            raise _unknown(key, f"stage.{key}", TILE_FIELDS, source)
+    stage.setdefault("split_k", (1,))
+    missing = [f for f in TILE_FIELDS if f not in stage]
+    if missing:
+        raise SpaceError(f"{source}: [stage] lacks {', '.join(missing)}; it must list every one of "
+                         f"{', '.join(TILE_FIELDS)} (split_k defaults to 1)")
+    globals_ = dict(GLOBAL_CHOICES)
+    for key, value in data.get("global", {}).items():
+        if key not in GLOBAL_CHOICES:
+            raise _unknown(key, f"global.{key}", tuple(GLOBAL_CHOICES), source)
+        globals_[key] = _choice_list(value, f"global.{key}", GLOBAL_CHOICES[key], source)
+    limits = {}
+    for key, value in data.get("limits", {}).items():
+        if key not in LIMIT_KEYS:
+            raise _unknown(key, f"limits.{key}", LIMIT_KEYS, source)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise SpaceError(f"{source}: limits.{key} = {value!r}: accepted: a positive integer")
+        limits[key] = value
+    return SearchSpace(stage, overrides, globals_, Limits(**limits), source)
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    """Read and validate a search space TOML file."""
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise SpaceError(f"cannot read search space {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SpaceError(f"{path}: not valid TOML: {exc}") from None
+    return parse_space(data, str(path))
+
+
+# ---------------------------------------------------------------------------
+# Hard constraints. Each takes what it needs and returns why the choice is
+# impossible, or None. A config is feasible when every one returns None.
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def warp_tile(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
+    """Each warp computes whole 16x16 MMA fragments."""
+    t = g.tiles
+    if t.bm % (16 * t.wm) or t.bn % (16 * t.wn):
+        return f"a {t.bm}x{t.bn} tile does not split into {t.wm}x{t.wn} warps of 16x16 multiples"
+    return None
+
+
+def threads(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
+    cap = min(lim.max_threads, HW_MAX_THREADS)
+    if g.tiles.threads > cap:
+        return f"{g.tiles.threads} threads per block exceed {cap}"
+    return None
+
+
+def accumulators(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
+    """fp32 accumulators live in registers: (bm/wm)*(bn/wn) per warp, spread over 32 lanes."""
+    t = g.tiles
+    regs = (t.bm // t.wm) * (t.bn // t.wn) // 32
+    cap = min(lim.max_acc_regs, HW_MAX_REGS)
+    if regs > cap:
+        return f"{regs} accumulator registers per thread exceed {cap}"
+    return None
+
+
+def shared_memory(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
+    need = g.tiles.smem_bytes()
+    if need > dev.smem_per_block:
+        return f"{need} bytes of shared memory exceed the device's {dev.smem_per_block} per block"
+    return None
+
+
+def tile_height(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
+    """A tile taller than the next power of two of M only computes padding."""
+    cap = max(16, next_pow2(g.stage.m))
+    if g.tiles.bm > cap:
+        return f"BM={g.tiles.bm} is taller than needed for M={g.stage.m} (at most {cap})"
+    return None
+
+
+def tile_width(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
+    cap = max(64, next_pow2(g.stage.n))
+    if g.tiles.bn > cap:
+        return f"BN={g.tiles.bn} is wider than needed for N={g.stage.n} (at most {cap})"
+    return None
+
+
+def split_k(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
+    """Every split must own at least one K chunk."""
+    s = g.tiles.split_k
+    if s > g.kc or (s - 1) * g.ks >= g.kc:
+        return f"split_k={s} leaves a split without K chunks ({g.kc} chunks of BK={g.tiles.bk})"
+    return None
+
+
+StageConstraint = Callable[[StageGrid, Limits, DeviceInfo], "str | None"]
+
+# Per stage: judged on one stage's grid alone.
+STAGE_CONSTRAINTS: tuple[tuple[str, StageConstraint], ...] = (
+    ("warp_tile", warp_tile),
+    ("threads", threads),
+    ("accumulators", accumulators),
+    ("shared_memory", shared_memory),
+    ("tile_height", tile_height),
+    ("tile_width", tile_width),
+    ("split_k", split_k),
+)
+
+
+def launch_mode(policy: str, order: str, dispatch: str, launch: str) -> str | None:
+    """Which policy/launch/dispatch combinations exist at all (see :func:`tuner.sync.launch_allowed`)."""
+    return launch_allowed(policy, launch, dispatch)
+
+
+def _grid_env(g: StageGrid, idx: str) -> dict[str, int]:
+    t = g.tiles
+    return {f"BM{idx}": t.bm, f"BN{idx}": t.bn, f"BK{idx}": t.bk, f"MT{idx}": g.mt, f"NT{idx}": g.nt,
+            f"KC{idx}": g.kc, f"S{idx}": t.split_k}
+
+
+def policy_requires(policy: str, producer: StageGrid, consumer: StageGrid) -> str | None:
+    """The sync policy's own condition on a producer/consumer pair of tilings."""
+    pol = POLICIES[policy]
+    if pol is None:
+        return None
+    env = {**_grid_env(producer, "1"), **_grid_env(consumer, "2")}
+    if pol.requires(env):
+        return None
+    return (f"the {policy} policy needs {pol.requires_doc or pol.requires.text} "
+            f"({producer.stage.name} BN={producer.tiles.bn}, {consumer.stage.name} BK={consumer.tiles.bk})")
+
+
+def fused_threads(launch: str, grids: Sequence[StageGrid]) -> str | None:
+    """One launch has one block size, so every stage of a fused launch uses the same thread count."""
+    counts = [g.tiles.threads for g in grids]
+    if launch == "fused" and len(set(counts)) > 1:
+        return "a fused launch needs one thread count for all stages, got " + \
+               ", ".join(f"{g.stage.name} {n}" for g, n in zip(grids, counts))
+    return None
+
+
+# Across the chain: the first two read the sync choices, the last reads the tilings too.
+CHAIN_CONSTRAINTS = ("launch_mode", "policy_requires", "fused_threads")
+
+
+# ---------------------------------------------------------------------------
+# The feasible set
+
+
+@dataclass
+class _Group:
+    """Stage tilings that look alike to every cross-stage constraint."""
+
+    tiles: list[StageTiles]
+    key_in: tuple[int, ...]  # values read as the consumer of the previous stage
+    key_out: tuple[int, ...]  # values read as the producer of the next stage
+    threads: int | None  # only when a fused launch compares thread counts
+
+    @property
+    def state(self) -> tuple[tuple[int, ...], int | None]:
+        return self.key_out, self.threads
+
+
+class _Plan:
+    """Exact counting and ranking of the stage tilings for one (policy, fused?) pair.
+
+    ``ways[j][state]`` is the number of ways to complete stages j+1.. given stage
+    j's state; ranks are then mixed-radix numbers over (group, tile in group).
+    """
+
+    def __init__(self, chain: Chain, tilings: Sequence[Sequence[StageGrid]], requires: Expr | None, fused: bool):
+        self.chain = chain
+        self.requires = requires
+        self.fused = fused
+        names = sorted(requires.names) if requires is not None else []
+        self.out_names = [n for n in names if n.endswith("1")]
+        self.in_names = [n for n in names if n.endswith("2")]
+        self.groups: list[list[_Group]] = []
+        for grids in tilings:
+            by_sig: dict[tuple, _Group] = {}
+            for g in grids:
+                out_env, in_env = _grid_env(g, "1"), _grid_env(g, "2")
+                key_in = tuple(in_env[n] for n in self.in_names)
+                key_out = tuple(out_env[n] for n in self.out_names)
+                thr = g.tiles.threads if fused else None
+                grp = by_sig.setdefault((key_in, key_out, thr), _Group([], key_in, key_out, thr))
+                grp.tiles.append(g.tiles)
+            self.groups.append(sorted(by_sig.values(), key=lambda x: (x.key_in, x.key_out, x.threads or 0)))
+        self._cands: dict[tuple[int, Any], list[_Group]] = {}
+        n = len(tilings)
+        self.ways: list[dict[Any, int]] = [dict() for _ in range(n)]
+        for grp in self.groups[n - 1]:
+            self.ways[n - 1][grp.state] = 1
+        for j in range(n - 2, -1, -1):
+            for grp in self.groups[j]:
+                s = grp.state
+                if s not in self.ways[j]:
+                    self.ways[j][s] = sum(len(c.tiles) * self.ways[j + 1][c.state] for c in self.candidates(j + 1, s))
+        self.total = sum(len(c.tiles) * self.ways[0][c.state] for c in self.candidates(0, None))
+
+    def _compatible(self, j: int, prev: Any, grp: _Group) -> bool:
+        key_out, thr = prev
+        if self.fused and thr != grp.threads:
+            return False
+        if self.requires is not None and self.chain.stages[j].a_from == j - 1:
+            env = {**dict(zip(self.out_names, key_out)), **dict(zip(self.in_names, grp.key_in))}
+            return bool(self.requires(env))
+        return True
+
+    def candidates(self, j: int, prev: Any) -> list[_Group]:
+        """Groups of stage j that may follow a stage j-1 in state ``prev`` (None for the first stage)."""
+        key = (j, prev)
+        if key not in self._cands:
+            self._cands[key] = [g for g in self.groups[j] if prev is None or self._compatible(j, prev, g)]
+        return self._cands[key]
+
+    def unrank(self, i: int) -> tuple[StageTiles, ...]:
+        out: list[StageTiles] = []
+        prev = None
+        for j in range(len(self.groups)):
+            for grp in self.candidates(j, prev):
+                rest = self.ways[j][grp.state]
+                weight = len(grp.tiles) * rest
+                if i < weight:
+                    out.append(grp.tiles[i // rest])
+                    i %= rest
+                    prev = grp.state
+                    break
+                i -= weight
+            else:  # pragma: no cover - ranks are always below total
+                raise IndexError("rank out of range")
+        return tuple(out)
+
+
+def _feistel(n: int, seed: int) -> Callable[[int], int]:
+    """A seeded bijection of range(n), computed lazily (a small Feistel network with cycle walking)."""
+    half = max(1, ((n - 1).bit_length() + 1) // 2)
+    mask = (1 << half) - 1
+    keys = [hashlib.blake2b(f"tuner-grid:{seed}:{r}".encode(), digest_size=8).digest() for r in range(4)]
+
+    def rnd(r: int, x: int) -> int:
+        h = hashlib.blake2b(x.to_bytes(8, "little"), key=keys[r], digest_size=8).digest()
+        return int.from_bytes(h, "little") & mask
+
+    def enc(x: int) -> int:
+        left, right = x >> half, x & mask
+        for r in range(4):
+            left, right = right, left ^ rnd(r, right)
+        return (left << half) | right
+
+    def perm(i: int) -> int:
+        x = enc(i)
+        while x >= n:  # stays inside range(n) because enc permutes the larger power-of-two range
+            x = enc(x)
+        return x
+
+    return perm
+
+
+def baseline_key(g: StageGrid, sms: int) -> tuple:
+    """Ranks tilings for a stream baseline: fill up to two waves of SMs with as many blocks as possible."""
+    t = g.tiles
+    fits = g.blocks <= 2 * sms
+    return (not fits, -g.blocks if fits else g.blocks, t.split_k, abs(t.warps - 4), -t.bk, abs(t.stages - 3),
+            t.bm, t.bn, t.wm, t.wn)
+
+
+class FeasibleSet:
+    """The configs of a search space that satisfy every hard constraint for one chain and device.
+
+    Optionally narrowed to an explicit list (what a replay backend has recordings for).
+    """
+
+    def __init__(self, chain: Chain, device: DeviceInfo, space: SearchSpace):
+        for j, st in enumerate(chain.stages):
+            # The solver chains pair constraints stage to stage, so a consumer must read its direct predecessor.
+            if st.a_from not in (None, j - 1):
+                raise NotImplementedError(f"stage {st.name} reads stage {st.a_from}, not the one just before it")
+        self.chain = chain
+        self.device = device
+        self.space = space
+        self.stage_names = [s.name for s in chain.stages]
+        self.domains_space: list[dict[str, tuple[int, ...]]] = [space.stage_domain(n) for n in self.stage_names]
+        self._rejections: list[dict[str, int]] = []
+        self.tilings: list[list[StageGrid]] = []
+        for stage, dom in zip(chain.stages, self.domains_space):
+            ok: list[StageGrid] = []
+            rejected: dict[str, int] = {}
+            for values in itertools.product(*(dom[f] for f in TILE_FIELDS)):
+                g = StageGrid(stage, StageTiles(*values))
+                why = self._stage_reason(g)
+                if why is None:
+                    ok.append(g)
+                else:
+                    rejected[why[0]] = rejected.get(why[0], 0) + 1
+            self.tilings.append(ok)
+            self._rejections.append(rejected)
+        self.combos: list[tuple[str, str, str, str]] = []
+        self._combo_rejections: dict[str, int] = {}
+        for combo in itertools.product(*(space.globals[f] for f in GLOBAL_FIELDS)):
+            if launch_mode(*combo) is None:
+                self.combos.append(combo)
+            else:
+                self._combo_rejections["launch_mode"] = self._combo_rejections.get("launch_mode", 0) + 1
+        self._plans: dict[tuple[str, bool], _Plan] = {}
+        counts = [self._plan(c).total for c in self.combos]
+        self._combo_counts = counts
+        self._prefix = list(itertools.accumulate(counts))
+        self._explicit: list[Config] | None = None  # set by restricted_to
+        self._explicit_from = 0
+
+    # -- construction helpers
+
+    def _stage_reason(self, g: StageGrid) -> tuple[str, str] | None:
+        for name, fn in STAGE_CONSTRAINTS:
+            why = fn(g, self.space.limits, self.device)
+            if why is not None:
+                return name, why
+        return None
+
+    def _plan(self, combo: tuple[str, str, str, str]) -> _Plan:
+        policy, _order, _dispatch, launch = combo
+        key = (policy, launch == "fused")
+        if key not in self._plans:
+            pol = POLICIES[policy]
+            self._plans[key] = _Plan(self.chain, self.tilings, pol.requires if pol else None, key[1])
+        return self._plans[key]
+
+    # -- public interface
+
+    @property
+    def explicit(self) -> bool:
+        """True when narrowed to a list of configs."""
+        return self._explicit is not None
+
+    @property
+    def size(self) -> int:
+        """Exact number of feasible configs."""
+        if self._explicit is not None:
+            return len(self._explicit)
+        return self._prefix[-1] if self._prefix else 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __contains__(self, config: object) -> bool:
+        return isinstance(config, Config) and self.contains(config) is None
+
+    def __iter__(self) -> Iterator[Config]:
+        return self.grid(0)
+
+    @cached_property
+    def reasons(self) -> list[str]:
+        """When the set is empty: which constraints emptied it (empty list otherwise)."""
+        if self.size:
+            return []
+        out = []
+        for name, tilings, rej in zip(self.stage_names, self.tilings, self._rejections):
+            if not tilings:
+                detail = ", ".join(f"{k} rejected {v}" for k, v in sorted(rej.items(), key=lambda kv: -kv[1]))
+                out.append(f"stage {name} has no feasible tiling ({detail})")
+        if not self.combos:
+            out.append("no policy/order/dispatch/launch combination is allowed (launch_mode: the stream policy runs "
+                       "only in the serial launch, the others in two_stream or fused, and fused needs ticket dispatch)")
+        if not out and self._explicit is None:
+            out.append("every combination of stage tilings breaks a cross-stage constraint "
+                       "(policy_requires or fused_threads)")
+        if not out and self._explicit is not None:
+            out.append(f"none of the {self._explicit_from} recorded configs is inside the search space")
+        return out
+
+    def contains(self, config: Config) -> str | None:
+        """Why ``config`` is not in the set (naming the constraint), or None when it is."""
+        why = self._structural_reason(config)
+        if why is None and self._explicit is not None and config not in self._explicit_set:
+            why = "recorded: no recorded measurement of this config for " + self.chain.label
+        return why
+
+    @cached_property
+    def _explicit_set(self) -> frozenset[Config]:
+        return frozenset(self._explicit or ())
+
+    def _structural_reason(self, config: Config) -> str | None:
+        if len(config.tiles) != len(self.stage_names):
+            return f"stages: {self.chain.workload} has {len(self.stage_names)} stages, the config {len(config.tiles)}"
+        for i, (name, t, dom) in enumerate(zip(self.stage_names, config.tiles, self.domains_space)):
+            for f in TILE_FIELDS:
+                if getattr(t, f) not in dom[f]:
+                    return (f"domain: gemm{i + 1}.{f}={getattr(t, f)} is outside the search space "
+                            f"(accepted: {', '.join(map(str, dom[f]))})")
+        for f in GLOBAL_FIELDS:
+            if getattr(config, f) not in self.space.globals[f]:
+                return (f"domain: {f}={getattr(config, f)} is outside the search space "
+                        f"(accepted: {', '.join(self.space.globals[f])})")
+        grids = config.grids(self.chain)
+        for g in grids:
+            why = self._stage_reason(g)
+            if why is not None:
+                return f"{why[0]}: {g.stage.name}: {why[1]}"
+        why = launch_mode(config.policy, config.order, config.dispatch, config.launch)
+        if why is not None:
+            return f"launch_mode: {why}"
+        for j, g in enumerate(grids):
+            a = g.stage.a_from
+            if a is not None:
+                why = policy_requires(config.policy, grids[a], g)
+                if why is not None:
+                    return f"policy_requires: {why}"
+        why = fused_threads(config.launch, grids)
+        if why is not None:
+            return f"fused_threads: {why}"
+        return None
+
+    def unrank(self, i: int) -> Config:
+        """The i-th feasible config in canonical order, 0 <= i < size."""
+        if not 0 <= i < self.size:
+            raise IndexError(f"rank {i} outside 0..{self.size - 1}")
+        if self._explicit is not None:
+            return self._explicit[i]
+        c = bisect.bisect_right(self._prefix, i)
+        combo = self.combos[c]
+        local = i - (self._prefix[c - 1] if c else 0)
+        return Config(self._plan(combo).unrank(local), *combo)
+
+    def sample(self, rng: np.random.Generator) -> Config:
+        """One config drawn uniformly from the set."""
+        if not self.size:
+            raise ValueError("cannot sample from an empty feasible set")
+        return self.unrank(int(rng.integers(self.size)))
+
+    def grid(self, seed: int = 0) -> Iterator[Config]:
+        """Every feasible config exactly once, in a shuffled order fixed by ``seed``; lazy."""
+        n = self.size
+        if n == 0:
+            return
+        perm = _feistel(n, seed)
+        for k in range(n):
+            yield self.unrank(perm(k))
+
+    def baselines(self, limit: int = 3) -> list[Config]:
+        """Stream-policy configs to measure first: serial kernels with tilings that fill the GPU.
+
+        Per stage, the tilings are ranked by :func:`baseline_key`; baseline k pairs
+        each stage's k-th best. Deterministic; empty when the space has no stream policy.
+        """
+        sms = self.device.sms
+        if self._explicit is not None:
+            streams = [c for c in self._explicit if c.policy == "stream"]
+            streams.sort(key=lambda c: tuple(baseline_key(g, sms) for g in c.grids(self.chain))
+                         + ((c.order, c.dispatch) != ("row", "block"), c.order, c.dispatch))
+            return streams[:limit]
+        combo = self._stream_combo()
+        if combo is None:
+            return []
+        ranked = [sorted(grids, key=lambda g: baseline_key(g, sms)) for grids in self.tilings]
+        out: list[Config] = []
+        for k in range(limit):
+            cfg = Config(tuple(r[min(k, len(r) - 1)].tiles for r in ranked), *combo)
+            if cfg not in out:
+                out.append(cfg)
+        return out
+
+    def _stream_combo(self) -> tuple[str, str, str, str] | None:
+        streams = [c for c in self.combos if c[0] == "stream"]
+        if not streams or not all(self.tilings):
+            return None
+        return min(streams, key=lambda c: ((c[1], c[2]) != ("row", "block"), c))
+
+    def domains(self) -> dict[str, list]:
+        """Per Optuna parameter, the values some feasible config uses, in the space's order.
+
+        A superset is fine (a sampler may still propose infeasible combinations), but
+        every feasible value is present, and the result depends only on the space,
+        chain, device (and the explicit list), so it is stable across resumed runs.
+        """
+        out: dict[str, list] = {}
+        if self._explicit is not None:
+            used: dict[str, set] = {}
+            for c in self._explicit:
+                for k, v in c.params().items():
+                    used.setdefault(k, set()).add(v)
+            order = self._param_order()
+            return {k: [v for v in order[k] if v in used.get(k, ())] for k in order}
+        live = [c for c, n in zip(self.combos, self._combo_counts) if n]
+        for i, grids in enumerate(self.tilings):
+            for f in TILE_FIELDS:
+                present = {getattr(g.tiles, f) for g in grids}
+                out[f"gemm{i + 1}.{f}"] = [v for v in self.domains_space[i][f] if v in present]
+        for k, f in enumerate(GLOBAL_FIELDS):
+            present = {c[k] for c in live}
+            out[f] = [v for v in self.space.globals[f] if v in present]
+        return out
+
+    def _param_order(self) -> dict[str, list]:
+        out: dict[str, list] = {}
+        for i, dom in enumerate(self.domains_space):
+            for f in TILE_FIELDS:
+                out[f"gemm{i + 1}.{f}"] = list(dom[f])
+        for f in GLOBAL_FIELDS:
+            out[f] = list(self.space.globals[f])
+        return out
+
+    def restricted_to(self, configs: Iterable[Config]) -> "FeasibleSet":
+        """The feasible configs among ``configs`` (order kept, duplicates dropped)."""
+        narrowed = copy.copy(self)
+        for cached in ("reasons", "_explicit_set"):
+            narrowed.__dict__.pop(cached, None)
+        configs = list(configs)
+        keep, seen = [], set()
+        for c in configs:
+            if c not in seen and self._structural_reason(c) is None:
+                seen.add(c)
+                keep.append(c)
+        narrowed._explicit = keep
+        narrowed._explicit_from = len(configs)
+        return narrowed

@@ -1,0 +1,123 @@
+"""Sync policies, tile orders and launch modes: the one definition of each.
+
+Every formula here is an :class:`~tuner.expr.Expr`. The CUDA templates receive
+their C text (``expr.c``); the model checker evaluates them in Python. Names a
+formula may read:
+
+producer stage (``1``): ``m1``, ``n1`` (its tile), ``BM1``, ``BN1``, ``MT1``, ``NT1``
+consumer stage (``2``): ``m2`` (its tile), ``kc`` (the K chunk about to be loaded,
+counted over the whole reduction), ``first`` (1 on a split's first chunk),
+``BM2``, ``BK2``, ``MT2``; ``r`` is the producer tile row a wait loop visits.
+Tile orders read ``t`` (ticket), ``MT``, ``NT``, ``S`` (split count).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .expr import Expr
+
+if TYPE_CHECKING:
+    from .config import StageGrid
+
+
+@dataclass(frozen=True)
+class SyncPolicy:
+    """How a consumer tile learns that the producer tiles it reads are written.
+
+    A producer tile ``(m1, n1)``, once all its splits are summed and stored, adds 1
+    to semaphore ``post_sem``. Before loading K chunk ``kc`` of its A operand, a
+    consumer tile ``m2`` checks ``wait_when``; if true it waits, for every producer
+    row ``r`` in ``[wait_row_lo, wait_row_hi]``, until semaphore ``wait_sem`` holds
+    ``epoch * wait_count``. ``sems`` is how many semaphores the policy needs.
+    """
+
+    name: str
+    doc: str
+    sems: Expr
+    post_sem: Expr
+    wait_when: Expr
+    wait_row_lo: Expr
+    wait_row_hi: Expr
+    wait_sem: Expr
+    wait_count: Expr
+    requires: Expr  # a hard constraint this policy puts on the tiling (1 = fine)
+    requires_doc: str = ""
+
+
+_ROW_LO = Expr("(m2 * BM2) // BM1")
+_ROW_HI = Expr("min((m2 * BM2 + BM2 - 1) // BM1, MT1 - 1)")
+
+POLICIES: dict[str, SyncPolicy | None] = {
+    # Baseline: separate kernels in stream order, no semaphores at all.
+    "stream": None,
+    "tile": SyncPolicy(
+        "tile", "wait, inside the K loop, for exactly the producer tiles that cover the next K chunk",
+        sems=Expr("MT1 * NT1"), post_sem=Expr("m1 * NT1 + n1"),
+        wait_when=Expr("first or (kc * BK2) % BN1 == 0"),
+        wait_row_lo=_ROW_LO, wait_row_hi=_ROW_HI,
+        wait_sem=Expr("r * NT1 + (kc * BK2) // BN1"), wait_count=Expr("1"),
+        requires=Expr("BN1 % BK2 == 0"), requires_doc="the producer's BN must be a multiple of the consumer's BK"),
+    "row": SyncPolicy(
+        "row", "wait once, before the first K chunk, for every producer tile of the rows read",
+        sems=Expr("MT1"), post_sem=Expr("m1"),
+        wait_when=Expr("first"),
+        wait_row_lo=_ROW_LO, wait_row_hi=_ROW_HI,
+        wait_sem=Expr("r"), wait_count=Expr("NT1"),
+        requires=Expr("1")),
+}
+
+
+@dataclass(frozen=True)
+class TileOrder:
+    """Maps a dispatch ticket ``t`` to a tile ``(m, n)`` and split ``s``; splits of a tile are adjacent."""
+
+    name: str
+    m: Expr
+    n: Expr
+    s: Expr
+
+
+ORDERS: dict[str, TileOrder] = {
+    "row": TileOrder("row", m=Expr("t // (NT * S)"), n=Expr("(t // S) % NT"), s=Expr("t % S")),
+    "col": TileOrder("col", m=Expr("(t // S) % MT"), n=Expr("t // (MT * S)"), s=Expr("t % S")),
+}
+
+# How a block gets its ticket: its blockIdx (hardware order), or an atomic counter
+# taken at block start, so tickets follow the order blocks actually start in.
+DISPATCHES = ("block", "ticket")
+
+# serial: one kernel per stage on one stream (the only mode for the stream policy).
+# two_stream: producer and consumer on two streams; a one-block guard kernel holds the
+#   consumer back until every producer block has started, so spinning consumers can
+#   never keep a producer tile off the GPU.
+# fused: one launch; blocks take tickets across all stages in dependency order, so a
+#   tile only ever waits on tiles whose blocks are already running.
+LAUNCHES = ("serial", "two_stream", "fused")
+
+
+def launch_allowed(policy: str, launch: str, dispatch: str) -> str | None:
+    """Why this policy/launch/dispatch combination is impossible, or None if it is fine."""
+    if (policy == "stream") != (launch == "serial"):
+        return "the stream policy runs exactly in the serial launch mode"
+    if launch == "fused" and dispatch != "ticket":
+        return "a fused launch dispatches by ticket"
+    return None
+
+
+def pair_env(producer: "StageGrid", consumer: "StageGrid") -> dict[str, int]:
+    """Values of the constant names a policy formula reads, for one producer/consumer pair.
+
+    Both the kernel renderer and the model checker build their environment here.
+
+    ``BN1`` is the producer tile's width in *stored* output columns (which is what the
+    consumer reads), so an epilogue that folds column pairs halves it.
+    """
+    fold = producer.stage.n // producer.stage.n_out
+    return {"BM1": producer.tiles.bm, "BN1": producer.tiles.bn // fold, "MT1": producer.mt, "NT1": producer.nt,
+            "BM2": consumer.tiles.bm, "BK2": consumer.tiles.bk, "MT2": consumer.mt}
+
+
+def order_env(grid: "StageGrid") -> dict[str, int]:
+    """Values of the constant names a tile order reads for one stage."""
+    return {"MT": grid.mt, "NT": grid.nt, "S": grid.tiles.split_k}

@@ -1,0 +1,150 @@
+"""Workloads: chains of tiled stages, their index maps, and the sizes to sweep.
+
+A workload is a recipe; :meth:`Workload.chain` turns it into a :class:`Chain` at
+one size. Each stage is a GEMM ``C[M,N] = epilogue(A[M,K] @ B[N,K]^T)`` whose B
+operand (the weights) is stored N-major with K contiguous, like ``nn.Linear``.
+A stage whose ``a_from`` names an earlier stage reads that stage's output as its
+A operand with the identity index map: element ``A[r, c]`` of the consumer is
+element ``C[r, c]`` of the producer. Which producer tiles a consumer tile
+depends on is derived from this map (see :mod:`tuner.checker`), never written
+by hand.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+EPILOGUES = ("none", "gelu", "silu_mul")
+DTYPES = ("fp16",)
+
+
+class WorkloadError(ValueError):
+    """A workload name or size the user gave is not usable."""
+
+
+@dataclass(frozen=True)
+class GemmStage:
+    """One GEMM of a chain, at a concrete size."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    epilogue: str = "none"
+    a_from: int | None = None  # index of the producer stage, or None for an external input
+
+    def __post_init__(self) -> None:
+        if min(self.m, self.n, self.k) < 1:
+            raise WorkloadError(f"stage {self.name}: sizes must be positive, got M={self.m} N={self.n} K={self.k}")
+        if self.k % 8:
+            # 16-byte cp.async chunks along K need K to be a multiple of 8 halves.
+            raise WorkloadError(f"stage {self.name}: K={self.k} must be a multiple of 8")
+        if self.epilogue == "silu_mul" and self.n % 2:
+            raise WorkloadError(f"stage {self.name}: silu_mul needs an even N (interleaved gate/up), got {self.n}")
+        if self.epilogue not in EPILOGUES:
+            raise WorkloadError(f"stage {self.name}: unknown epilogue {self.epilogue!r}; accepted: {', '.join(EPILOGUES)}")
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    @property
+    def n_out(self) -> int:
+        """Columns of the stored output: silu_mul folds each (gate, up) column pair into one."""
+        return self.n // 2 if self.epilogue == "silu_mul" else self.n
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A workload at one size: the stages the kernels compute."""
+
+    workload: str
+    size: tuple[tuple[str, int], ...]
+    stages: tuple[GemmStage, ...]
+    dtype: str = "fp16"
+
+    @property
+    def label(self) -> str:
+        """Human-readable name of this workload at this size, e.g. ``gpt3/tokens=64``."""
+        return self.workload + "/" + ",".join(f"{k}={v}" for k, v in self.size)
+
+    @property
+    def size_dict(self) -> dict[str, int]:
+        return dict(self.size)
+
+    @property
+    def flops(self) -> int:
+        return sum(s.flops for s in self.stages)
+
+    @property
+    def min_bytes(self) -> int:
+        """Fewest bytes the chain must move: external inputs, weights and final output once."""
+        elem = 2
+        total = 0
+        for s in self.stages:
+            total += s.n * s.k * elem  # weights
+            if s.a_from is None:
+                total += s.m * s.k * elem
+        last = self.stages[-1]
+        return total + last.m * last.n_out * elem
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named family of chains; ``defaults`` holds the fixed sizes, ``sweep`` the swept one."""
+
+    name: str
+    description: str
+    sweep_param: str
+    sweep: tuple[int, ...]
+    defaults: Mapping[str, int]
+    build: Callable[[Mapping[str, int]], tuple[GemmStage, ...]] = field(repr=False)
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        return (self.sweep_param, *self.defaults)
+
+    def chain(self, **size: int) -> Chain:
+        """The chain at one size; unknown or non-positive size parameters are rejected."""
+        unknown = set(size) - set(self.params)
+        if unknown:
+            raise WorkloadError(f"workload {self.name}: unknown size parameter {', '.join(sorted(unknown))}; "
+                                f"accepted: {', '.join(self.params)}")
+        full = {**self.defaults, **size}
+        if self.sweep_param not in full:
+            raise WorkloadError(f"workload {self.name}: --{self.sweep_param} is required")
+        for key, val in full.items():
+            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+                raise WorkloadError(f"workload {self.name}: {key} must be a positive integer, got {val!r}")
+        ordered = tuple((k, full[k]) for k in self.params)
+        return Chain(self.name, ordered, self.build(full))
+
+
+def _gpt3_mlp(p: Mapping[str, int]) -> tuple[GemmStage, ...]:
+    m, h, f = p["tokens"], p["hidden"], p["ffn"]
+    return (GemmStage("gemm1", m, f, h, "gelu"), GemmStage("gemm2", m, h, f, "none", a_from=0))
+
+
+def _llama_mlp(p: Mapping[str, int]) -> tuple[GemmStage, ...]:
+    # Gate and up projections are interleaved in one weight of 2*ffn rows so that a
+    # tile holds matching gate/up columns; the epilogue writes silu(gate) * up.
+    m, h, f = p["tokens"], p["hidden"], p["ffn"]
+    return (GemmStage("gemm1", m, 2 * f, h, "silu_mul"), GemmStage("gemm2", m, h, f, "none", a_from=0))
+
+
+_POW2_TOKENS = tuple(2 ** i for i in range(13))
+
+WORKLOADS: dict[str, Workload] = {
+    "gpt3": Workload("gpt3", "GPT-3 175B MLP, 8-way tensor parallel: GEMM1+GeLU then GEMM2, fp16",
+                     "tokens", _POW2_TOKENS, {"hidden": 12288, "ffn": 6144}, _gpt3_mlp),
+    "llama": Workload("llama", "LLaMA-2 70B MLP, 8-way tensor parallel: gate/up GEMM+SiLU*gate then down GEMM, fp16",
+                      "tokens", _POW2_TOKENS, {"hidden": 8192, "ffn": 3584}, _llama_mlp),
+}
+
+
+def get_workload(name: str) -> Workload:
+    """Look a workload up by name, with an error that lists the accepted names."""
+    try:
+        return WORKLOADS[name]
+    except KeyError:
+        raise WorkloadError(f"unknown workload {name!r}; accepted: {', '.join(WORKLOADS)}") from None
