@@ -38,16 +38,20 @@ __device__ __forceinline__ u32 tuner_ld_relaxed(const u32* p) {
 __device__ __noinline__ bool tuner_spin_until(const u32* p, u32 target, u32* err) {
   if ((int)(tuner_ld_acquire(p) - target) >= 0) return true;
   const u64 start = tuner_globaltimer();
+  // Back off exponentially: hundreds of blocks polling one L2 line at full speed would
+  // take L2 bandwidth from the producers they are waiting for.
+  unsigned sleep_ns = 32;
   for (unsigned it = 0;; ++it) {
+    __nanosleep(sleep_ns);
     if ((int)(tuner_ld_acquire(p) - target) >= 0) return true;
-    if ((it & 63u) == 63u) {
+    if (sleep_ns < 512u) sleep_ns *= 2u;
+    if ((it & 15u) == 15u) {
       if (tuner_ld_relaxed(err) != 0u) return false;  // another wait already timed out: stop early
       if (tuner_globaltimer() - start > TUNER_SPIN_NS) {
         atomicExch(err, 1u);
         return false;
       }
     }
-    __nanosleep(32);
   }
 }
 

@@ -52,3 +52,28 @@ def test_missing_post_is_reported_as_timeout_not_a_hang(backend):
     cfg = next(c for c in coverage(chain) if c.policy == "tile" and c.launch == "fused")
     m = backend.measure(chain, cfg, fault="missing_post")
     assert not m.ok and m.reason == "timeout", m
+
+
+def test_cubins_compiled_on_another_host_load_without_recompiling(tmp_path):
+    """Compile anywhere, run on the GPU: a cache filled by a CPU host (``python -m tuner compile``,
+    carried here and named by TUNER_CARRIED_CACHE) is used as is."""
+    import os
+
+    from tuner import compile as tc
+    from tuner.backends.gpu import GpuBackend
+    from tuner.render import render
+
+    carried = os.environ.get("TUNER_CARRIED_CACHE")
+    if not carried:
+        pytest.skip("no carried cache: set TUNER_CARRIED_CACHE to a cache filled on another host")
+    chain = get_workload("gpt3").chain(**ODD)
+    before = dict(tc.cache_stats)
+    backend = GpuBackend(warmup=1, reps=3, cache_dir=carried)
+    for cfg in coverage(chain):
+        mod = tc.compile_source(render(chain, cfg).source, "sm_90", cache_dir=carried, accept_other_toolkit=True)
+        assert mod.cached, cfg.short()
+        m = backend.measure(chain, cfg)
+        assert m.ok, (cfg.short(), m.reason, m.message)
+    hits = tc.cache_stats["hits"] + tc.cache_stats["other_toolkit_hits"] - before["hits"] - before["other_toolkit_hits"]
+    assert tc.cache_stats["misses"] == before["misses"]
+    print(f"carried cache: {hits} hits, 0 compiles; built by NVRTC {mod.toolkit}, here {tc.toolkit_version()}")

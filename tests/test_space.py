@@ -125,6 +125,33 @@ def test_domains_cover_every_feasible_value(tiny):
             assert v in domains[k]
 
 
+def _distance(a: Config, b: Config) -> int:
+    pa, pb = a.params(), b.params()
+    return sum(pa[k] != pb[k] for k in pa)
+
+
+def test_nearest_feasible_config_is_a_closest_one(tiny):
+    fs, brute = tiny
+    every = list(all_configs(TINY))
+    rng = np.random.default_rng(1)
+    for i in rng.choice(len(every), 25, replace=False):
+        c = every[i]
+        near = fs.nearest(c)
+        assert near in brute
+        assert _distance(c, near) == min(_distance(c, b) for b in brute)
+        assert fs.nearest(c, exclude={near}) not in (near, None)
+
+
+def test_nearest_within_a_narrowed_set(tiny):
+    fs, brute = tiny
+    listed = sorted(brute, key=repr)[:10]
+    narrowed = fs.restricted_to(listed)
+    target = listed[3]
+    assert narrowed.nearest(target) == target
+    assert narrowed.nearest(target, exclude={target}) in set(listed) - {target}
+    assert narrowed.nearest(target, exclude=set(listed)) is None
+
+
 def test_baselines_are_feasible_stream_configs(tiny):
     fs, _ = tiny
     base = fs.baselines()

@@ -84,7 +84,7 @@ def measured(trials):
 def test_backend_only_receives_feasible_configs_the_checker_accepts(storage):
     backend = FakeBackend()
     out = run_study(CHAIN, SMALL, backend, storage, sampler="tpe", seed=0, trials=8, check=no_col_order)
-    assert out.summary.measured == 8
+    assert out.summary.measured == 8 and out.stop == "budget"
     trials = trials_of(storage)
     assert len(measured(trials)) == 8
     refused = [t for t in trials if t.user_attrs.get("reason") == "constraint"]
@@ -93,6 +93,19 @@ def test_backend_only_receives_feasible_configs_the_checker_accepts(storage):
     names = {t.user_attrs["message"].split(":")[0] for t in refused}
     assert names <= {"launch_mode", "fused_threads", "policy_requires", "warp_tile", "threads", "accumulators",
                      "shared_memory", "tile_height", "tile_width", "split_k", "sync_checker"}
+
+
+def test_a_refused_tpe_proposal_is_followed_by_its_nearest_feasible_config(storage):
+    out = run_study(CHAIN, SMALL, FakeBackend(), storage, sampler="tpe", seed=0, trials=8, check=no_col_order)
+    trials = trials_of(storage)
+    fs = SMALL.feasible(CHAIN, DEVICE)
+    refused = [i for i, t in enumerate(trials) if t.user_attrs.get("reason") == "constraint"]
+    assert refused and out.new_rejected <= out.summary.measured
+    for i in refused:
+        proposal = Config.from_params(trials[i].params, 2)
+        follow = Config.from_params(trials[i + 1].params, 2)
+        assert fs.contains(follow) is None
+        assert sum(a != b for a, b in zip(proposal.params().values(), follow.params().values())) <= 3
 
 
 def test_every_study_holds_a_measured_stream_baseline(storage):

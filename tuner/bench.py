@@ -23,18 +23,20 @@ from .workloads import Chain, get_workload
 
 
 def _configs(chain: Chain, device, space_path: Path, sample: int, seed: int) -> list[Config]:
+    """Baselines, the coverage set and a seeded uniform sample of the feasible space that the checker accepts."""
+    from .checker import check
     from .space import load_space
 
     feas = load_space(space_path).feasible(chain, device)
     rng = np.random.default_rng(seed)
     out = list(dict.fromkeys([*feas.baselines(), *[c for c in coverage(chain) if feas.contains(c) is None]]))
-    tries = 0
-    while len(out) < sample + len(feas.baselines()) and tries < 50 * sample:
+    want, tries = len(out) + sample, 0
+    while len(out) < want and tries < 50 * sample:
         c = feas.sample(rng)
         tries += 1
         if c not in out:
             out.append(c)
-    return out
+    return [c for c in out if check(chain, c) is None]
 
 
 def _precompile(chains_configs: list[tuple[Chain, Config]], arch: str, jobs: int) -> None:

@@ -7,6 +7,7 @@ maps errors to exit statuses.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import shlex
@@ -157,7 +158,7 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
     from .backends import get_backend  # noqa: PLC0415
     from .space import load_space  # noqa: PLC0415
     from .store import MeasurementStore  # noqa: PLC0415
-    from .study import StudySpec, default_study, describe, figure_tag, load_study_file, run_study  # noqa: PLC0415
+    from .study import default_study, describe, figure_tag, load_study_file, run_study  # noqa: PLC0415
 
     wl = get_workload(args.workload)
     spec = load_study_file(args.study_file) if args.study_file else default_study(wl.name)
@@ -172,8 +173,7 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
                 raise UsageError(f"workload {wl.name} has no size --{key}; accepted: "
                                  f"{', '.join('--' + p for p in wl.params)}")
             sizes[key] = value if isinstance(value, tuple) else (value,)
-    spec = StudySpec(spec.workload, sizes, spec.space, spec.sampler, spec.seed, spec.trials, spec.timeout, spec.source)
-    chains = spec.chains()
+    chains = dataclasses.replace(spec, sizes=sizes).chains()
     space = load_space(args.space or spec.space)
     sampler = args.sampler or spec.sampler
     seed = spec.seed if args.seed is None else args.seed
@@ -185,9 +185,10 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         tag = figure_tag(backend)
         if getattr(backend, "synthetic", False):
-            print("WARNING: synthetic figures, not measurements: the recording replayed here was made by a toy "
-                  "cost model (tests/data/make_synthetic.py); every figure below is marked 'replayed, synthetic'")
-        if backend.replayed:
+            files = ", ".join(str(r.path) for r in backend.recordings if r.synthetic)
+            print(f"WARNING: synthetic figures, not measurements: {files} holds figures made by a cost model; "
+                  "every figure below is marked 'replayed, synthetic'")
+        if hasattr(backend, "labels"):
             recorded = set(backend.labels())
             runnable = [c for c in chains if c.label in recorded]
             for c in chains:

@@ -23,7 +23,7 @@ import tomllib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Container, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -402,6 +402,11 @@ def _feistel(n: int, seed: int) -> Callable[[int], int]:
     return perm
 
 
+# nearest() weighs this many of the closest global combinations, and of the closest tilings per stage.
+_NEAR_COMBOS = 4
+_NEAR_TILINGS = 8
+
+
 def baseline_key(g: StageGrid, sms: int) -> tuple:
     """Ranks tilings for a stream baseline: fill up to two waves of SMs with as many blocks as possible."""
     t = g.tiles
@@ -432,7 +437,7 @@ class FeasibleSet:
             ok: list[StageGrid] = []
             rejected: dict[str, int] = {}
             for values in itertools.product(*(dom[f] for f in TILE_FIELDS)):
-                g = StageGrid(stage, StageTiles(*values))
+                g = StageGrid(stage, StageTiles(**dict(zip(TILE_FIELDS, values))))
                 why = self._stage_reason(g)
                 if why is None:
                     ok.append(g)
@@ -440,13 +445,9 @@ class FeasibleSet:
                     rejected[why[0]] = rejected.get(why[0], 0) + 1
             self.tilings.append(ok)
             self._rejections.append(rejected)
-        self.combos: list[tuple[str, str, str, str]] = []
-        self._combo_rejections: dict[str, int] = {}
-        for combo in itertools.product(*(space.globals[f] for f in GLOBAL_FIELDS)):
-            if launch_mode(*combo) is None:
-                self.combos.append(combo)
-            else:
-                self._combo_rejections["launch_mode"] = self._combo_rejections.get("launch_mode", 0) + 1
+        self.combos: list[tuple[str, str, str, str]] = [
+            combo for combo in itertools.product(*(space.globals[f] for f in GLOBAL_FIELDS))
+            if launch_mode(*combo) is None]
         self._plans: dict[tuple[str, bool], _Plan] = {}
         counts = [self._plan(c).total for c in self.combos]
         self._combo_counts = counts
@@ -581,6 +582,41 @@ class FeasibleSet:
         perm = _feistel(n, seed)
         for k in range(n):
             yield self.unrank(perm(k))
+
+    def nearest(self, config: Config, exclude: Container[Config] = (),
+                accept: Callable[[Config], bool] | None = None) -> Config | None:
+        """A feasible config differing from ``config`` in as few parameters as possible.
+
+        Configs in ``exclude`` and those ``accept`` refuses are passed over. Ties go to the
+        canonical order, so the answer is deterministic. On a structured set the search
+        weighs the closest few global combinations and stage tilings only, and may return
+        None although a farther config is left; callers then draw one at random.
+        """
+        target = config.params()
+
+        def distance(c: Config) -> int:
+            return sum(target.get(k) != v for k, v in c.params().items())
+
+        def usable(c: Config) -> bool:
+            return c not in exclude and (accept is None or accept(c))
+
+        if self._explicit is not None:
+            ranked = sorted((distance(c), i) for i, c in enumerate(self._explicit) if c not in exclude)
+            return next((self._explicit[i] for _, i in ranked if usable(self._explicit[i])), None)
+        wanted = tuple(getattr(config, f) for f in GLOBAL_FIELDS)
+        combos = sorted((c for c, n in zip(self.combos, self._combo_counts) if n),
+                        key=lambda c: sum(a != b for a, b in zip(c, wanted)))[:_NEAR_COMBOS]
+        per_stage = []
+        for j, grids in enumerate(self.tilings):
+            t = config.tiles[j] if j < len(config.tiles) else None
+            per_stage.append(sorted(grids, key=lambda g: 0 if t is None else
+                                    sum(getattr(g.tiles, f) != getattr(t, f) for f in TILE_FIELDS))[:_NEAR_TILINGS])
+        candidates = [Config(tuple(g.tiles for g in tiles), *combo)
+                      for combo in combos for tiles in itertools.product(*per_stage)]
+        for _, i in sorted((distance(c), i) for i, c in enumerate(candidates)):
+            if self.contains(candidates[i]) is None and usable(candidates[i]):
+                return candidates[i]
+        return None
 
     def baselines(self, limit: int = 3) -> list[Config]:
         """Stream-policy configs to measure first: serial kernels with tilings that fill the GPU.

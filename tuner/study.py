@@ -282,6 +282,17 @@ def _proposals(fs: FeasibleSet, sampler: str, seed: int, seen: set[Config]) -> I
             yield c
 
 
+def _draw_unseen(fs: FeasibleSet, seen: set[Config], accept: Callable[[Config], bool], seed: int, salt: int,
+                 tries: int = 100) -> Config | None:
+    """A feasible config not yet in the study that ``accept`` takes, drawn at random (deterministic in seed, salt)."""
+    rng = np.random.default_rng([seed, salt])
+    for _ in range(tries):
+        c = fs.sample(rng)
+        if c not in seen and accept(c):
+            return c
+    return None
+
+
 def _check_distributions(study: Any, domains: Mapping[str, list], name: str) -> None:
     """Optuna refuses a parameter whose choices changed; say so before the first trial, in our words."""
     from optuna.distributions import CategoricalDistribution  # noqa: PLC0415
@@ -355,6 +366,15 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
             waiting += 1
     proposals = _proposals(fs, sampler, seed, seen) if sampler != "tpe" else None
     verdicts: dict[Config, str | None] = {}
+
+    def verdict(c: Config) -> str | None:
+        """The sync checker's answer, asked once per config."""
+        if check is None:
+            return None
+        if c not in verdicts:
+            verdicts[c] = check(chain, c)
+        return verdicts[c]
+
     source_hash = _source_hasher(backend)
     device_attr = device.to_dict()
     deadline = time.monotonic() + timeout if timeout else None
@@ -386,10 +406,8 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
             cfg = Config.from_params(params, n_stages)
             seen.add(cfg)
             why = fs.contains(cfg)
-            if why is None and check is not None:
-                if cfg not in verdicts:
-                    verdicts[cfg] = check(chain, cfg)
-                why = verdicts[cfg] and f"sync_checker: {verdicts[cfg]}"
+            if why is None and verdict(cfg) is not None:
+                why = f"sync_checker: {verdict(cfg)}"
             if why is not None:
                 # Kept short: refused suggestions can outnumber measured trials, and each attribute is a write.
                 _finish(study, current, TrialState.FAIL, None,
@@ -397,6 +415,15 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
                 _count_rejection(summary)
                 outcome.new_rejected += 1
                 current = None
+                if sampler == "tpe":
+                    # TPE learns nothing from failed trials and would propose the same thing again;
+                    # measure the closest unseen feasible config instead, which it does learn from.
+                    sound = lambda c: verdict(c) is None  # noqa: E731
+                    repaired = fs.nearest(cfg, seen, sound) or _draw_unseen(fs, seen, sound, seed, len(seen))
+                    if repaired is not None:
+                        study.enqueue_trial(repaired.params())
+                        seen.add(repaired)
+                        waiting += 1
                 continue
             current_cfg = cfg
             sh = source_hash(chain, cfg) if source_hash is not None else None
