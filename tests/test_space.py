@@ -20,7 +20,7 @@ TINY = {
               "split_k": [1, 3]},
     "global": {"policy": ["stream", "tile", "row"], "order": ["row"], "dispatch": ["block", "ticket"],
                "launch": ["serial", "two_stream", "fused"]},
-    "limits": {"max_threads": 64, "max_acc_regs": 128},
+    "limits": {"max_threads": 64, "max_tile_regs": 128},
 }
 TINY_DEVICE = DeviceInfo("tiny", smem_per_block=48 * 1024)
 
@@ -30,7 +30,7 @@ def tiny_chain():
     return get_workload("gpt3").chain(tokens=16, hidden=256, ffn=128)
 
 
-def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, max_acc: int) -> bool:
+def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, max_regs: int) -> bool:
     """The constraints restated from their definitions, independently of the solver."""
     for st, t in zip(chain.stages, cfg.tiles):
         kc = -(-st.k // t.bk)
@@ -38,7 +38,8 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
         m_cap = max(16, 1 << (st.m - 1).bit_length())
         n_cap = max(64, 1 << (st.n - 1).bit_length())
         if (t.bm % (16 * t.wm) or t.bn % (16 * t.wn) or 32 * t.wm * t.wn > max_threads
-                or (t.bm // t.wm) * (t.bn // t.wn) // 32 > max_acc
+                # accumulators plus one k-step's A (4 per 16 rows) and B (2 per 8 columns) fragments
+                or (t.bm // t.wm) * (t.bn // t.wn) // 32 + t.bm // t.wm // 4 + t.bn // t.wn // 4 > max_regs
                 or t.stages * (t.bm + t.bn) * (2 * t.bk + 16) > dev.smem_per_block
                 or t.bm > m_cap or t.bn > n_cap or t.split_k > kc or (t.split_k - 1) * ks >= kc):
             return False

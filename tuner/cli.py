@@ -79,6 +79,17 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
+def _fault(text: str) -> tuple[int, str]:
+    from .render import FAULTS  # noqa: PLC0415
+
+    kinds = [f for f in FAULTS if f != "none"]
+    n, _, kind = text.partition(":")
+    if not n.isdigit() or int(n) < 1 or kind not in kinds:
+        raise argparse.ArgumentTypeError(f"expected N:KIND with N a positive trial number and KIND one of "
+                                         f"{', '.join(kinds)}, got {text!r}")
+    return int(n), kind
+
+
 # ---------------------------------------------------------------------------
 # Parser
 
@@ -121,12 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gpu measures, replay answers from recordings, auto picks gpu when one is visible")
     p.add_argument("--replay-file", type=Path, nargs="+", action="extend", metavar="F",
                    help="recordings to replay (default: studies/*.measurements.json)")
+    p.add_argument("--plant-fault", type=_fault, action="append", metavar="N:KIND", default=[],
+                   help="testing the isolation on a GPU: plant a fault in the N-th measured trial; "
+                        "KIND is one of illegal_address, hang, missing_post")
 
     p = command("bench", "measure a workload's configs on the GPU and record them", _cmd_bench)
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
     sizes(p, fixed=False)
-    p.add_argument("--trials", type=_positive_int, metavar="N", help="configs to measure per size")
-    p.add_argument("--out", type=Path, metavar="PATH", help="where to write the recording")
+    p.add_argument("--trials", type=_positive_int, metavar="N", help="random feasible configs to measure per size, "
+                   "besides the baselines and one config per policy/order/dispatch/launch combination")
+    p.add_argument("--seed", type=_non_negative_int, default=0, metavar="N", help="seed of the random sample")
+    p.add_argument("--out", type=Path, metavar="PATH",
+                   help="summary JSON (default: studies/<workload>.bench.json); the recording of every "
+                        "measurement goes beside it as <name>.measurements.json")
 
     from .export import FORMATS  # noqa: PLC0415
 
@@ -181,7 +199,7 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
     timeout = args.timeout or spec.timeout
     MeasurementStore(args.storage).close()  # an unusable storage fails here, before any work
 
-    backend = get_backend(args.backend, args.replay_file, announce=print)
+    backend = get_backend(args.backend, args.replay_file, announce=print, plant=dict(args.plant_fault))
     try:
         tag = figure_tag(backend)
         if getattr(backend, "synthetic", False):

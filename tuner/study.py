@@ -358,6 +358,8 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
                            synthetic=bool(getattr(backend, "synthetic", False)))
     if summary.measured >= trials:
         return outcome
+    if summary.baseline is not None:
+        backend.set_reference_time(summary.baseline.value)
 
     for cfg in fs.baselines():
         if cfg not in seen:
@@ -450,6 +452,7 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
             summary.add(frozen)
             if summary.baseline is not before:
                 study.set_user_attr("baseline_us", summary.baseline.value)
+                backend.set_reference_time(summary.baseline.value)
             if bar is not None:
                 bar.update(1)
             _show(bar, summary, tag)

@@ -99,7 +99,7 @@ def records_for(chain: Chain) -> list[Record]:
     full = load_space(ROOT / "search_spaces" / "gpt3.toml")
     narrow = {**COMMON, **NARROW[chain.size_dict["tokens"]]}
     space = parse_space({"stage": narrow,
-                         "limits": {"max_threads": full.limits.max_threads, "max_acc_regs": full.limits.max_acc_regs}},
+                         "limits": {"max_threads": full.limits.max_threads, "max_tile_regs": full.limits.max_tile_regs}},
                         "synthetic narrowed space")
     inside = full.feasible(chain, DEVICE)
     configs = [c for c in space.feasible(chain, DEVICE).grid(seed=7) if inside.contains(c) is None]

@@ -35,10 +35,12 @@ def default_recordings() -> list[Path]:
 
 
 def get_backend(name: str = "auto", replay_files: Sequence[str | Path] | None = None,
-                announce: Callable[[str], None] = print) -> Backend:
+                announce: Callable[[str], None] = print, plant: dict[int, str] | None = None) -> Backend:
     """The backend called ``name`` (auto, gpu or replay).
 
-    ``auto`` measures on the GPU when one is visible and replays recordings otherwise.
+    ``auto`` measures on the GPU when one is visible and replays recordings otherwise. The GPU
+    backend runs in a worker process (see :mod:`tuner.backends.worker`); ``plant`` maps a trial
+    number to a fault planted in that trial's kernels, for testing the isolation.
     Without ``replay_files`` the replay backend reads every ``studies/*.measurements.json``,
     or, when there is none, the synthetic recording, announced as such.
     """
@@ -49,10 +51,12 @@ def get_backend(name: str = "auto", replay_files: Sequence[str | Path] | None = 
             raise UsageError("no CUDA device visible for --backend gpu (cupy finds none); "
                              "accepted without a GPU: --backend replay")
         try:
-            from .gpu import GpuBackend  # noqa: PLC0415 - needs cupy, imported only when asked for
+            from .gpu import GpuBackend  # noqa: PLC0415,F401 - needs cupy, imported only when asked for
         except ImportError as exc:
             raise UsageError(f"the GPU backend cannot load ({exc}); install it with pip install -e '.[gpu]'") from None
-        return GpuBackend()
+        from .worker import WorkerBackend  # noqa: PLC0415
+
+        return WorkerBackend("tuner.backends.gpu:GpuBackend", plant=plant)
 
     from .replay import ReplayBackend  # noqa: PLC0415
 

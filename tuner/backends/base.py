@@ -74,6 +74,9 @@ class Backend(ABC):
     def measure(self, chain: Chain, config: Config) -> Measurement:
         """Compile, verify, then time ``config``; never raises for a bad config, returns a failure."""
 
+    def set_reference_time(self, us: float) -> None:
+        """A measured chain time (the baseline) from which a backend may derive trial deadlines."""
+
     def restrict(self, chain: Chain, configs: Iterable[Config]) -> list[Config] | None:
         """Configs this backend can answer for, or None when it can answer any."""
         return None

@@ -105,7 +105,7 @@ class WorkerBackend(Backend):
         return self._device
 
     def set_reference_time(self, us: float, runs: int = 40) -> None:
-        """Derive the per-trial deadline from a measured chain time: the floor plus 100x the runs."""
+        """Derive the per-trial deadline from the baseline's time: the floor plus 100 times the runs."""
         self.deadline_s = self.floor_s + 100 * runs * us * 1e-6
 
     def measure(self, chain: Chain, config: Config, fault: str = "none") -> Measurement:

@@ -1,0 +1,96 @@
+"""CI compiles the search space: every generated variant must build on the CPU, spill nothing,
+and fit the device it was accepted for (otherwise the constraints are wrong)."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from tuner import compile as tc
+from tuner.backends.base import DeviceInfo
+from tuner.cases import combos, coverage
+from tuner.checker import check
+from tuner.paths import home
+from tuner.render import render
+from tuner.space import load_space
+from tuner.workloads import WORKLOADS
+
+try:
+    tc.toolkit_version()
+except tc.ToolchainMissing:  # pragma: no cover - the CI install has NVRTC
+    pytest.skip("NVRTC is not installed (pip install -e '.[compile]')", allow_module_level=True)
+
+H200 = DeviceInfo("NVIDIA H200")
+SIZES = {"gpt3": ({"tokens": 1}, {"tokens": 64}, {"tokens": 1000, "hidden": 1032, "ffn": 776}),
+         "llama": ({"tokens": 16}, {"tokens": 1000})}
+
+
+def variants(per_size: int, seed: int = 0):
+    """(chain, config) pairs: one per policy/order/dispatch/launch, then a seeded sample of the feasible space."""
+    rng = np.random.default_rng(seed)
+    for name, sizes in SIZES.items():
+        space = load_space(home() / "search_spaces" / f"{name}.toml")
+        for size in sizes:
+            chain = WORKLOADS[name].chain(**size)
+            fs = space.feasible(chain, H200)
+            picked = [c for c in coverage(chain) if fs.contains(c) is None]
+            while len(picked) < len(combos()) + per_size:
+                c = fs.sample(rng)
+                if c not in picked and check(chain, c) is None:
+                    picked.append(c)
+            for c in picked:
+                yield chain, c
+
+
+def compile_all(pairs, tmp_path):
+    sources = {}
+    for chain, cfg in pairs:
+        r = render(chain, cfg)
+        sources.setdefault(r.hash, (chain, cfg, r))
+    start = time.perf_counter()
+    results = dict(tc.compile_many(((h, r.source) for h, (_, _, r) in sources.items()), "sm_90",
+                                   cache_dir=tmp_path))
+    return sources, results, time.perf_counter() - start
+
+
+def problems(sources, results) -> list[str]:
+    out = []
+    for h, (chain, cfg, r) in sources.items():
+        mod = results[h]
+        where = f"{chain.label} {cfg.short()}"
+        if isinstance(mod, tc.CompileError):
+            out.append(f"{where}: {mod}")
+            continue
+        if mod.spills:
+            out.append(f"{where}: spills {mod.kernels}")
+        for launch in r.launches:
+            res = mod.kernels[launch.kernel]
+            if res["registers"] * launch.threads > H200.regs_per_block:
+                out.append(f"{where}: {launch.kernel} needs {res['registers']} registers x {launch.threads} threads")
+            if launch.smem + res.get("smem", 0) > H200.smem_per_block:
+                out.append(f"{where}: {launch.kernel} needs {launch.smem + res.get('smem', 0)} B of shared memory")
+    return out
+
+
+def test_every_combination_and_a_sample_of_the_space_compile_without_spills(tmp_path, capsys):
+    pairs = list(variants(per_size=26))
+    sources, results, seconds = compile_all(pairs, tmp_path)
+    assert len(sources) >= 200, f"only {len(sources)} distinct variants"
+    assert {(c.policy, c.order, c.dispatch, c.launch) for _, c in pairs} == set(combos())
+    assert {s.epilogue for ch, _ in pairs for s in ch.stages} == {"gelu", "silu_mul", "none"}
+    bad = problems(sources, results)
+    with capsys.disabled():
+        print(f"\ncompiled {len(sources)} distinct generated variants for sm_90 on the CPU in {seconds:.1f}s")
+    assert not bad, "\n".join(bad[:20])
+
+
+@pytest.mark.slow
+def test_a_large_sample_of_the_space_compiles_without_spills(tmp_path, capsys):
+    """Nightly: python -m pytest -m slow tests/test_compile_space.py"""
+    pairs = list(variants(per_size=400, seed=1))
+    sources, results, seconds = compile_all(pairs, tmp_path)
+    with capsys.disabled():
+        print(f"\ncompiled {len(sources)} distinct generated variants in {seconds:.1f}s")
+    bad = problems(sources, results)
+    assert not bad, "\n".join(bad[:20])
