@@ -23,10 +23,12 @@ def backend():
 ODD = dict(tokens=1000, hidden=1032, ffn=776)
 
 
-@pytest.mark.parametrize("size", [ODD, dict(tokens=1), dict(tokens=64), dict(tokens=1000), dict(tokens=2048)],
-                         ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
-def test_every_combination_is_correct(backend, size):
-    chain = get_workload("gpt3").chain(**size)
+@pytest.mark.parametrize("workload,size", [("gpt3", ODD), ("gpt3", dict(tokens=1)), ("gpt3", dict(tokens=64)),
+                                           ("gpt3", dict(tokens=1000)), ("gpt3", dict(tokens=2048)),
+                                           ("llama", dict(tokens=100, hidden=1032, ffn=776))],
+                         ids=lambda s: s if isinstance(s, str) else ",".join(f"{k}={v}" for k, v in s.items()))
+def test_every_combination_is_correct(backend, workload, size):
+    chain = get_workload(workload).chain(**size)
     failures = []
     for cfg in coverage(chain):
         m = backend.measure(chain, cfg)

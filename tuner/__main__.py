@@ -1,4 +1,5 @@
 """``python -m tuner``: see :mod:`tuner.cli`."""
 from .cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":
+    raise SystemExit(main())

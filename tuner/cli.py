@@ -132,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gpu measures, replay answers from recordings, auto picks gpu when one is visible")
     p.add_argument("--replay-file", type=Path, nargs="+", action="extend", metavar="F",
                    help="recordings to replay (default: studies/*.measurements.json)")
+    p.add_argument("--deadline", type=_positive_float, default=60.0, metavar="S",
+                   help="on a GPU: seconds a trial may run before its worker process is killed and the trial "
+                        "recorded as a timeout, plus 100 times the baseline's measured runs (default: 60)")
     p.add_argument("--plant-fault", type=_fault, action="append", metavar="N:KIND", default=[],
                    help="testing the isolation on a GPU: plant a fault in the N-th measured trial; "
                         "KIND is one of illegal_address, hang, missing_post")
@@ -199,7 +202,8 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
     timeout = args.timeout or spec.timeout
     MeasurementStore(args.storage).close()  # an unusable storage fails here, before any work
 
-    backend = get_backend(args.backend, args.replay_file, announce=print, plant=dict(args.plant_fault))
+    backend = get_backend(args.backend, args.replay_file, announce=print, plant=dict(args.plant_fault),
+                          deadline_s=args.deadline)
     try:
         tag = figure_tag(backend)
         if getattr(backend, "synthetic", False):
@@ -257,6 +261,15 @@ def _cmd_compile(args: argparse.Namespace, argv: list[str]) -> int:
     except ImportError:
         raise UsageError("compile needs NVRTC (cuda-bindings and nvidia-cuda-nvrtc), which is not installed; "
                          "accepted: pip install -e '.[compile]'") from None
+    try:
+        from .compile import ToolchainMissing, toolkit_version  # noqa: PLC0415
+    except ImportError:
+        pass  # _delegate says what is missing
+    else:
+        try:
+            toolkit_version()  # the bindings may import while NVRTC itself does not load: say so before any work
+        except ToolchainMissing as exc:
+            raise UsageError(f"compile needs NVRTC, which does not load here: {exc}") from None
     return _delegate("compile", args)
 
 

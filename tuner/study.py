@@ -159,12 +159,14 @@ def study_name(chain: Chain, device: DeviceInfo | str) -> str:
 
 
 def trial_config(trial: Any, n_stages: int) -> Config | None:
-    """The config a trial was given (its params, or the fixed params of a waiting trial)."""
-    params = trial.params or trial.system_attrs.get("fixed_params", {})
-    try:
-        return Config.from_params(params, n_stages)
-    except (KeyError, TypeError, ValueError):
-        return None
+    """The config a trial was given (its params, or the fixed params of a queued trial)."""
+    # A trial cut short while its params were being stored holds only some: its fixed params are whole.
+    for params in (trial.params, trial.system_attrs.get("fixed_params", {})):
+        try:
+            return Config.from_params(params, n_stages)
+        except (KeyError, TypeError, ValueError):
+            continue
+    return None
 
 
 def is_stream(trial: Any) -> bool:
@@ -350,9 +352,12 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
     domains = fs.domains()
     _check_distributions(study, domains, name)
     n_stages = len(chain.stages)
+    _abandon_running(study, fs, n_stages)
     history = study.get_trials(deepcopy=False)
     summary = summarize(history)
     seen = {c for c in (trial_config(t, n_stages) for t in history) if c is not None}
+    # Configs the study has decided (measured or refused), with the trial that did: never decided twice.
+    tried = {c: t.number for t in history if _decided(t) and (c := trial_config(t, n_stages)) is not None}
     waiting = sum(t.state == TrialState.WAITING for t in history)
     outcome = StudyOutcome(name, chain.label, device.name, fs.size, summary, replayed=backend.replayed,
                            synthetic=bool(getattr(backend, "synthetic", False)))
@@ -377,10 +382,27 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
             verdicts[c] = check(chain, c)
         return verdicts[c]
 
+    def repair(cfg: Config) -> bool:
+        """Queue the closest unseen feasible config the checker accepts; False when none is left.
+
+        TPE learns nothing from failed trials and would propose the same thing again; it does
+        learn from the measured neighbour.
+        """
+        nonlocal waiting
+        sound = lambda c: verdict(c) is None  # noqa: E731
+        repaired = fs.nearest(cfg, seen, sound) or _draw_unseen(fs, seen, sound, seed, len(seen))
+        if repaired is None:
+            return False
+        study.enqueue_trial(repaired.params())
+        seen.add(repaired)
+        waiting += 1
+        return True
+
     source_hash = _source_hasher(backend)
     device_attr = device.to_dict()
     deadline = time.monotonic() + timeout if timeout else None
     cap = REJECTION_FACTOR * trials
+    repeats = 0
     bar = _progress_bar(progress, trials, summary.measured, chain.label + tag)
     _show(bar, summary, tag)
 
@@ -391,7 +413,7 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
             if deadline is not None and time.monotonic() >= deadline:
                 outcome.stop = "timeout"
                 break
-            if outcome.new_rejected >= cap:
+            if outcome.new_rejected + repeats >= cap:
                 outcome.stop = "rejections"
                 break
             if proposals is not None and waiting <= 0:
@@ -407,6 +429,18 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
             params = {p: current.suggest_categorical(p, choices) for p, choices in domains.items()}
             cfg = Config.from_params(params, n_stages)
             seen.add(cfg)
+            if cfg in tried:
+                # TPE proposes from what it learnt, which can be a config the study already holds;
+                # measuring it again would spend the budget on nothing new.
+                _finish(study, current, TrialState.FAIL, None,
+                        {"message": f"repeats trial {tried[cfg]}; not measured again"})
+                repeats += 1
+                current = None
+                if sampler == "tpe" and not repair(cfg):
+                    outcome.stop = "exhausted"
+                    break
+                continue
+            tried[cfg] = current.number
             why = fs.contains(cfg)
             if why is None and verdict(cfg) is not None:
                 why = f"sync_checker: {verdict(cfg)}"
@@ -418,14 +452,7 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
                 outcome.new_rejected += 1
                 current = None
                 if sampler == "tpe":
-                    # TPE learns nothing from failed trials and would propose the same thing again;
-                    # measure the closest unseen feasible config instead, which it does learn from.
-                    sound = lambda c: verdict(c) is None  # noqa: E731
-                    repaired = fs.nearest(cfg, seen, sound) or _draw_unseen(fs, seen, sound, seed, len(seen))
-                    if repaired is not None:
-                        study.enqueue_trial(repaired.params())
-                        seen.add(repaired)
-                        waiting += 1
+                    repair(cfg)
                 continue
             current_cfg = cfg
             sh = source_hash(chain, cfg) if source_hash is not None else None
@@ -502,6 +529,46 @@ def _finish(study: Any, trial: Any, state: Any, value: float | None, attrs: Mapp
     for k, v in attrs.items():
         trial.set_user_attr(k, v)
     return study.tell(trial, value, state=state, skip_if_finished=False)
+
+
+def _decided(trial: Any) -> bool:
+    """Whether a trial holds an outcome: a time, or a failure with its reason."""
+    from optuna.trial import TrialState  # noqa: PLC0415
+
+    return trial.state == TrialState.COMPLETE or (trial.state == TrialState.FAIL
+                                                  and trial.user_attrs.get("reason") in FAIL_REASONS)
+
+
+ABANDONED = "abandoned: the process running it stopped"
+
+
+def _abandon_running(study: Any, fs: FeasibleSet, n_stages: int) -> int:
+    """Close the trials a stopped process left RUNNING, and queue their feasible configs again.
+
+    One process runs a study at a time, so a trial still RUNNING when a run starts was cut
+    short (kill -9, a crash, a power cut) before its outcome was told. It is closed as FAIL
+    without a reason, so it counts nowhere, even if the process had begun storing its outcome;
+    a config it had measured is answered again by the measurement cache, not the device.
+    Returns how many trials were closed.
+    """
+    import optuna  # noqa: PLC0415
+    from optuna.trial import TrialState  # noqa: PLC0415
+
+    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for t in stale:
+        live = optuna.trial.Trial(study, t._trial_id)  # noqa: SLF001 - Optuna offers no public way to reopen a trial
+        attrs: dict[str, Any] = {"abandoned": True, "message": ABANDONED}
+        if "measured" in t.user_attrs:
+            attrs["measured"] = False
+        if "reason" in t.user_attrs:
+            attrs["reason"] = None
+        for k, v in attrs.items():
+            live.set_user_attr(k, v)
+        study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+        cfg = trial_config(t, n_stages)
+        if cfg is not None and fs.contains(cfg) is None:
+            study.enqueue_trial(cfg.params())
+    return len(stale)
 
 
 def _requeue(study: Any, trial: Any, cfg: Config | None, why: str = "interrupted") -> None:

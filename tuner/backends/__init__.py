@@ -35,7 +35,8 @@ def default_recordings() -> list[Path]:
 
 
 def get_backend(name: str = "auto", replay_files: Sequence[str | Path] | None = None,
-                announce: Callable[[str], None] = print, plant: dict[int, str] | None = None) -> Backend:
+                announce: Callable[[str], None] = print, plant: dict[int, str] | None = None,
+                deadline_s: float = 60.0) -> Backend:
     """The backend called ``name`` (auto, gpu or replay).
 
     ``auto`` measures on the GPU when one is visible and replays recordings otherwise. The GPU
@@ -56,7 +57,7 @@ def get_backend(name: str = "auto", replay_files: Sequence[str | Path] | None = 
             raise UsageError(f"the GPU backend cannot load ({exc}); install it with pip install -e '.[gpu]'") from None
         from .worker import WorkerBackend  # noqa: PLC0415
 
-        return WorkerBackend("tuner.backends.gpu:GpuBackend", plant=plant)
+        return WorkerBackend("tuner.backends.gpu:GpuBackend", plant=plant, deadline_s=deadline_s)
 
     from .replay import ReplayBackend  # noqa: PLC0415
 

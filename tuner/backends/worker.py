@@ -20,6 +20,11 @@ from .base import Backend, DeviceInfo, Measurement
 STICKY_MARKERS = ("illegal", "launch failure", "unspecified launch", "misaligned", "exception", "ECC")
 
 
+def poisons(m: Measurement) -> bool:
+    """Whether a failure leaves the CUDA context unusable, so the process that saw it must go."""
+    return not m.ok and m.reason == "launch" and any(k in m.message for k in STICKY_MARKERS)
+
+
 def _load(factory: str):
     mod, _, name = factory.partition(":")
     return getattr(importlib.import_module(mod), name)
@@ -49,8 +54,8 @@ def _serve(conn, factory: str, kwargs: dict[str, Any]) -> None:
             conn.send(("crash", text, traceback.format_exc()))
             return  # the context may be poisoned: let the parent start a fresh child
         conn.send(("done", m))
-        if not m.ok and m.reason == "launch" and any(k in m.message for k in STICKY_MARKERS):
-            return  # sticky errors poison the context
+        if poisons(m):
+            return
 
 
 class WorkerBackend(Backend):
@@ -112,7 +117,7 @@ class WorkerBackend(Backend):
         self.calls += 1
         fault = self.plant.get(self.calls, fault)
         if self._proc is None or not self._proc.is_alive():
-            if self._proc is not None:
+            if self._device is not None:  # a child ran before: this one replaces it
                 self.restarts += 1
             self._kill()
             self._start()
@@ -129,7 +134,13 @@ class WorkerBackend(Backend):
             return Measurement.failed("timeout", f"no answer within {self.deadline_s:.0f}s: worker killed, "
                                                  "the next trial gets a fresh one")
         if reply[0] == "done":
+            if poisons(reply[1]):
+                # The child exits by itself, but may still be alive when the next trial is sent,
+                # which would then fail for nothing: retire it now.
+                self._kill()
             return reply[1]
+        if self._proc is not None:
+            self._proc.join(5)  # the pipe closes before the child is reaped: wait for its exit code
         code = self._proc.exitcode if self._proc is not None else None
         self._kill()
         if reply[0] == "crash":
