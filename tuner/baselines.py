@@ -54,7 +54,6 @@ def read_bandwidth(nbytes: int) -> float:
     sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     n = nbytes // 16
     t = median(time_events(lambda: k((sms * 8,), (512,), (buf, cp.uint64(n), out)), 3, 20))
-    del buf
     return nbytes / (t * 1e-6)
 
 

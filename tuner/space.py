@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import bisect
 import copy
-import difflib
 import hashlib
 import itertools
-import tomllib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -32,6 +30,7 @@ from .backends.base import DeviceInfo
 from .config import GLOBAL_FIELDS, TILE_FIELDS, Config, StageGrid, StageTiles
 from .expr import Expr
 from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES, launch_allowed
+from .tomlfile import did_you_mean, read_toml
 from .workloads import Chain
 
 HW_MAX_THREADS = 1024  # threads per block on every CUDA architecture the templates target
@@ -86,13 +85,9 @@ class SearchSpace:
         for name in self.overrides:
             if name not in names:
                 raise SpaceError(f"{self.source}: [stage.{name}] names no stage of {chain.workload}"
-                                 f"{_did_you_mean(name, names)}; stages: {', '.join(names)}")
+                                 f"{did_you_mean(name, names)}; stages: {', '.join(names)}")
         return FeasibleSet(chain, device, self)
 
-
-def _did_you_mean(word: str, options: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _int_list(value: Any, where: str, source: str) -> tuple[int, ...]:
@@ -114,7 +109,7 @@ def _choice_list(value: Any, where: str, accepted: Sequence[str], source: str) -
 
 
 def _unknown(key: str, where: str, valid: Sequence[str], source: str) -> SpaceError:
-    return SpaceError(f"{source}: unknown key {where}{_did_you_mean(key, valid)}; accepted: {', '.join(valid)}")
+    return SpaceError(f"{source}: unknown key {where}{did_you_mean(key, valid)}; accepted: {', '.join(valid)}")
 
 
 def parse_space(data: Mapping[str, Any], source: str = "<search space>") -> SearchSpace:
@@ -164,13 +159,7 @@ def parse_space(data: Mapping[str, Any], source: str = "<search space>") -> Sear
 def load_space(path: str | Path) -> SearchSpace:
     """Read and validate a search space TOML file."""
     path = Path(path)
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except OSError as exc:
-        raise SpaceError(f"cannot read search space {path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SpaceError(f"{path}: not valid TOML: {exc}") from None
+    data = read_toml(path, "search space", SpaceError)
     return parse_space(data, str(path))
 
 

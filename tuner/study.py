@@ -8,12 +8,10 @@ nothing new, raising ``--trials`` continues where the study stopped.
 """
 from __future__ import annotations
 
-import difflib
 import itertools
 import math
 import sys
 import time
-import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +25,7 @@ from .config import Config
 from .paths import home
 from .space import FeasibleSet, SearchSpace
 from .store import MeasurementStore, open_optuna_storage
+from .tomlfile import did_you_mean, read_toml
 from .workloads import Chain, WorkloadError, get_workload
 
 SAMPLERS = ("tpe", "random", "grid")
@@ -64,10 +63,6 @@ class StudySpec:
         return [wl.chain(**dict(zip(keys, values))) for values in itertools.product(*(self.sizes[k] for k in keys))]
 
 
-def _did_you_mean(word: str, options: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
 
 def _positive_int(value: Any, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -89,7 +84,7 @@ def parse_study(data: Mapping[str, Any], source: str, beside: Path | None = None
     """Validate a study given as a mapping (the parsed TOML); ``source`` names it in errors."""
     for key in data:
         if key not in STUDY_KEYS:
-            raise StudyError(f"{source}: unknown key {key!r}{_did_you_mean(key, STUDY_KEYS)}; "
+            raise StudyError(f"{source}: unknown key {key!r}{did_you_mean(key, STUDY_KEYS)}; "
                              f"accepted: {', '.join(STUDY_KEYS)}")
     if "workload" not in data:
         raise StudyError(f"{source}: missing key 'workload'")
@@ -103,7 +98,7 @@ def parse_study(data: Mapping[str, Any], source: str, beside: Path | None = None
         raise StudyError(f"{source}: sizes must be a table such as {{{wl.sweep_param} = [1, 64]}}")
     for key, value in raw.items():
         if key not in wl.params:
-            raise StudyError(f"{source}: unknown key sizes.{key}{_did_you_mean(key, wl.params)}; "
+            raise StudyError(f"{source}: unknown key sizes.{key}{did_you_mean(key, wl.params)}; "
                              f"accepted: {', '.join(wl.params)}")
         items = value if isinstance(value, list) else [value]
         if not items:
@@ -129,13 +124,7 @@ def parse_study(data: Mapping[str, Any], source: str, beside: Path | None = None
 def load_study_file(path: str | Path) -> StudySpec:
     """Read and validate a study TOML file."""
     path = Path(path)
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except OSError as exc:
-        raise StudyError(f"cannot read study file {path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise StudyError(f"{path}: not valid TOML: {exc}") from None
+    data = read_toml(path, "study file", StudyError)
     return parse_study(data, str(path), path.parent)
 
 

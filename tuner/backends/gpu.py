@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-import time
 from dataclasses import dataclass
 from statistics import median
 from typing import Any
