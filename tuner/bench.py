@@ -68,7 +68,11 @@ def run_bench(workload: str, tokens: list[int], sample: int, seed: int, out: Pat
     rate = gemm_rate()
     bw = read_bandwidth(max(ch.min_bytes for ch in chains))
     log(f"measured ceilings: read bandwidth {bw / 1e12:.2f} TB/s, fp16 GEMM {rate / 1e12:.0f} TFLOP/s")
+    command = "python -m tuner " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py") else ""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rec_path = out.with_name(out.name.replace(".bench.json", "") + ".measurements.json")
     records, rows = [], []
+    summary: dict[str, Any] = {}
     for ch in chains:
         cfgs = [c for c2, c in plan if c2 is ch]
         best: dict[str, tuple[float, Config]] = {}
@@ -94,13 +98,11 @@ def run_bench(workload: str, tokens: list[int], sample: int, seed: int, out: Pat
                "tile_config": best["tile"][1].to_dict() if "tile" in best else None}
         rows.append(row)
         log(_row_text(row))
-    command = "python -m tuner " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py") else ""
-    summary = {"schema": 1, "kind": "tuner-bench", "workload": workload, "device": dev.to_dict(),
-               "command": command, "read_bandwidth_Bps": bw, "gemm_flops": rate, "rows": rows}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    rec_path = out.with_name(out.name.replace(".bench.json", "") + ".measurements.json")
-    write_recording(rec_path, dev, records, command)
+        # Written after every size, so an interrupted bench keeps what it measured.
+        summary = {"schema": 1, "kind": "tuner-bench", "workload": workload, "device": dev.to_dict(),
+                   "command": command, "read_bandwidth_Bps": bw, "gemm_flops": rate, "rows": rows}
+        out.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+        write_recording(rec_path, dev, records, command)
     log(table(summary))
     return summary
 

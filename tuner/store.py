@@ -67,8 +67,10 @@ def check_exists(url: str) -> None:
 
 
 def _engine(url: str) -> sa.Engine:
+    # A database server that does not answer should be an error within seconds, not a hang.
+    connect_args = {"connect_timeout": 10} if url.startswith(("postgresql", "mysql")) else {}
     try:
-        return sa.create_engine(url)
+        return sa.create_engine(url, connect_args=connect_args)
     except (sa.exc.ArgumentError, ValueError) as exc:
         raise StorageError(f"storage URL {url!r} is not valid: {exc}; {_accepted()}") from None
     except ImportError as exc:
