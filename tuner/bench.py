@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .cases import coverage
+from .cases import coverage, streaming
 from .config import Config
 from .workloads import Chain, get_workload
 
@@ -29,7 +29,8 @@ def _configs(chain: Chain, device, space_path: Path, sample: int, seed: int) -> 
 
     feas = load_space(space_path).feasible(chain, device)
     rng = np.random.default_rng(seed)
-    out = list(dict.fromkeys([*feas.baselines(), *[c for c in coverage(chain) if feas.contains(c) is None]]))
+    seeds = [*coverage(chain), *streaming(chain)]
+    out = list(dict.fromkeys([*feas.baselines(), *[c for c in seeds if feas.contains(c) is None]]))
     want, tries = len(out) + sample, 0
     while len(out) < want and tries < 50 * sample:
         c = feas.sample(rng)
