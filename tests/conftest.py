@@ -1,6 +1,9 @@
 """Shared test setup: the ``gpu`` marker skips itself without a CUDA device; common fixtures."""
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,7 +29,24 @@ def synthetic_file() -> Path:
     return SYNTHETIC
 
 
+@pytest.fixture(scope="session")
+def fast_dir(tmp_path_factory) -> Path:
+    """A folder for the study databases, on tmpfs when there is one.
+
+    Every Optuna write is an SQLite commit, which on a disk waits for fsync (about ten
+    times the whole trial on some hosts). Nothing here depends on fsync: a process killed
+    with SIGKILL loses nothing it handed to the kernel.
+    """
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        path = Path(tempfile.mkdtemp(prefix="tuner-tests-", dir=shm))
+        yield path
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        yield tmp_path_factory.mktemp("fast")
+
+
 @pytest.fixture
-def storage(tmp_path: Path) -> str:
-    """A fresh SQLite storage URL in the test's own folder."""
-    return f"sqlite:///{tmp_path / 'tuner.db'}"
+def storage(fast_dir: Path) -> str:
+    """A fresh SQLite storage URL of the test's own, on tmpfs when there is one."""
+    return f"sqlite:///{tempfile.mkdtemp(dir=fast_dir)}/tuner.db"

@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 
 from tuner.cases import combos, coverage
-from tuner.config import Config
 from tuner.workloads import get_workload
 
 pytestmark = pytest.mark.gpu

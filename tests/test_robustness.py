@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 import types
 from collections import Counter
@@ -48,23 +46,6 @@ SCRIPT = {3: "exit", 5: "hang", 7: "incorrect", 9: "sticky", 11: "sticky_reply",
 REASON = {"exit": "launch", "abort": "launch", "sticky": "launch", "sticky_reply": "launch", "hang": "timeout",
           "incorrect": "incorrect"}
 TRIALS = 14
-
-
-@pytest.fixture(scope="module")
-def fast_dir(tmp_path_factory) -> Path:
-    """A folder for the study databases, on tmpfs when there is one.
-
-    Every Optuna write is an SQLite commit, which on a disk waits for fsync (about ten
-    times the whole trial on some hosts). Nothing here depends on fsync: a process killed
-    with SIGKILL loses nothing it handed to the kernel.
-    """
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        path = Path(tempfile.mkdtemp(prefix="tuner-robustness-", dir=shm))
-        yield path
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        yield tmp_path_factory.mktemp("robustness")
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 TPE reaches within 3% of the recorded best in fewer trials than random search, median over seeds."""
 from __future__ import annotations
 
-from pathlib import Path
 from statistics import median
 
 import pytest
@@ -33,7 +32,7 @@ def trials_to_reach(storage: str, target: float) -> int:
 
 @pytest.mark.skipif(not RECORDING.exists(), reason="no H200 recording in studies/ yet")
 @pytest.mark.parametrize("tokens", [1, 64])
-def test_tpe_reaches_the_recorded_best_sooner_than_random_search(tokens, tmp_path, capsys):
+def test_tpe_reaches_the_recorded_best_sooner_than_random_search(tokens, fast_dir, capsys):
     backend = ReplayBackend([RECORDING])
     chain = get_workload("gpt3").chain(tokens=tokens)
     if chain.label not in backend.labels():
@@ -47,7 +46,7 @@ def test_tpe_reaches_the_recorded_best_sooner_than_random_search(tokens, tmp_pat
     for sampler in ("tpe", "random"):
         reached[sampler] = []
         for seed in SEEDS:
-            storage = f"sqlite:///{tmp_path / f'{sampler}{seed}.db'}"
+            storage = f"sqlite:///{fast_dir / f'strategy-{tokens}-{sampler}{seed}.db'}"
             run_study(chain, space, backend, storage, sampler=sampler, seed=seed, trials=budget)
             reached[sampler].append(trials_to_reach(storage, best))
     with capsys.disabled():
