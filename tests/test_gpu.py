@@ -75,6 +75,6 @@ def test_cubins_compiled_on_another_host_load_without_recompiling(tmp_path):
         assert mod.cached, cfg.short()
         m = backend.measure(chain, cfg)
         assert m.ok, (cfg.short(), m.reason, m.message)
-    hits = tc.cache_stats["hits"] + tc.cache_stats["other_toolkit_hits"] - before["hits"] - before["other_toolkit_hits"]
-    assert tc.cache_stats["misses"] == before["misses"]
+    hits = sum(tc.cache_stats.get(k, 0) - before.get(k, 0) for k in ("hits", "other_toolkit_hits"))
+    assert tc.cache_stats.get("misses", 0) == before.get("misses", 0)
     print(f"carried cache: {hits} hits, 0 compiles; built by NVRTC {mod.toolkit}, here {tc.toolkit_version()}")

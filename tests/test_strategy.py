@@ -30,6 +30,11 @@ def trials_to_reach(storage: str, target: float) -> int:
     return len(measured) + 1
 
 
+# Slow (nightly, python -m pytest -m slow): on the first H200 recording (29 to 45 measured configs
+# per size) it fails: TPE needed a median of 12 and 11 trials, random search 10 and 9. A recording
+# that small gives TPE's model little to learn from; it is kept as the strategy benchmark to rerun
+# on larger recordings.
+@pytest.mark.slow
 @pytest.mark.skipif(not RECORDING.exists(), reason="no H200 recording in studies/ yet")
 @pytest.mark.parametrize("tokens", [1, 64])
 def test_tpe_reaches_the_recorded_best_sooner_than_random_search(tokens, fast_dir, capsys):

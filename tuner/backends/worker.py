@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing as mp
+import os
 import time
 import traceback
 from typing import Any
@@ -52,10 +53,16 @@ def _serve(conn, factory: str, kwargs: dict[str, Any]) -> None:
         except Exception as exc:
             text = f"{type(exc).__name__}: {exc}"
             conn.send(("crash", text, traceback.format_exc()))
-            return  # the context may be poisoned: let the parent start a fresh child
+            _exit_poisoned(conn)
         conn.send(("done", m))
         if poisons(m):
-            return
+            _exit_poisoned(conn)
+
+
+def _exit_poisoned(conn) -> None:
+    """Leave at once: with a poisoned context, every CuPy destructor would print a traceback."""
+    conn.close()
+    os._exit(3)
 
 
 class WorkerBackend(Backend):
