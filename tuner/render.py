@@ -15,7 +15,7 @@ import jinja2
 
 from .config import Config, StageGrid
 from .paths import templates_dir
-from .sync import ORDERS, POLICIES, pair_env
+from .sync import ORDERS, POLICIES, order_env, pair_env
 from .workloads import Chain
 
 HEADERS = ("sync.cuh", "gemm.cuh")
@@ -95,7 +95,7 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
     for i, g in enumerate(grids):
         st, tl = g.stage, g.tiles
         entry = dict(index=i, name=st.name, M=st.m, N=st.n, K=st.k, NOUT=st.n_out, epilogue=st.epilogue,
-                     MT=g.mt, NT=g.nt, S=tl.split_k, KS=g.ks, KC=g.kc, blocks=g.blocks, threads=tl.threads,
+                     **order_env(g), KS=g.ks, KC=g.kc, blocks=g.blocks, threads=tl.threads,
                      BM=tl.bm, BN=tl.bn, BK=tl.bk, WM=tl.wm, WN=tl.wn, STAGES=tl.stages,
                      order_m=order.m.c, order_n=order.n.c, order_s=order.s.c,
                      wait=None, post=None, started=None, guard=None, ticket=None, ws_base=0, arrive_base=0)
