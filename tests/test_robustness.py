@@ -25,6 +25,7 @@ import tuner.backends
 import tuner.backends.worker
 import tuner.compile
 from chaos_backend import DEVICE_NAME, ILLEGAL_ADDRESS, ChaosBackend
+from test_cli import assert_one_line_error
 from tuner.backends.base import DeviceInfo
 from tuner.backends.worker import WorkerBackend
 from tuner.checker import check
@@ -283,13 +284,7 @@ def test_tpe_never_measures_a_config_twice(url):
 
 def one_line_error(capsys, argv: list[str], *needles: str) -> None:
     rc = main(argv)
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert rc == 2, err
-    assert len(lines) == 1 and lines[0].startswith("tuner: error: "), err
-    assert "Traceback" not in err
-    for n in needles:
-        assert n in lines[0], lines[0]
+    assert_one_line_error(rc, capsys.readouterr().err, *needles)
 
 
 REPLAY = ["--backend", "replay", "--replay-file", str(SYNTHETIC)]
