@@ -64,12 +64,8 @@ def problems(sources, results) -> list[str]:
             continue
         if mod.spills:
             out.append(f"{where}: spills {mod.kernels}")
-        for launch in r.launches:
-            res = mod.kernels[launch.kernel]
-            if res["registers"] * launch.threads > H200.regs_per_block:
-                out.append(f"{where}: {launch.kernel} needs {res['registers']} registers x {launch.threads} threads")
-            if launch.smem + res.get("smem", 0) > H200.smem_per_block:
-                out.append(f"{where}: {launch.kernel} needs {launch.smem + res.get('smem', 0)} B of shared memory")
+        assert set(r.kernels) <= set(mod.kernels), where
+        out += [f"{where}: {why}" for why in r.launch_problems(mod.kernels, H200)]
     return out
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Mapping
 
 import jinja2
 
+from .backends.base import DeviceInfo
 from .config import Config, StageGrid
 from .paths import templates_dir
 from .sync import ORDERS, POLICIES, order_env, pair_env
@@ -47,6 +49,18 @@ class Rendered:
     @property
     def kernels(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(l.kernel for l in self.launches))
+
+    def launch_problems(self, resources: Mapping[str, Mapping[str, int]], device: DeviceInfo) -> list[str]:
+        """Why launches cannot run on ``device`` given the compiler's per-kernel ``resources``; empty if they can."""
+        out = []
+        for l in self.launches:
+            res = resources.get(l.kernel, {})
+            regs, smem = res.get("registers", 0), l.smem + res.get("smem", 0)
+            if regs * l.threads > device.regs_per_block:
+                out.append(f"{l.kernel}: {regs} registers x {l.threads} threads exceed {device.regs_per_block}")
+            if smem > device.smem_per_block:
+                out.append(f"{l.kernel}: {smem} B of shared memory exceed {device.smem_per_block}")
+        return out
 
 
 @lru_cache(maxsize=1)

@@ -210,13 +210,9 @@ class GpuBackend(Backend):
         except CompileError as exc:
             return None, Measurement.failed("compile", str(exc).splitlines()[0][:500], **base)
         base.update(compile_s=mod.compile_s, resources=mod.kernels)
-        for l in rendered.launches:
-            res = mod.kernels.get(l.kernel, {})
-            regs = res.get("registers", 0)
-            if regs * l.threads > self._device.regs_per_block or l.smem + res.get("smem", 0) > self._device.smem_per_block:
-                return None, Measurement.failed(
-                    "resources", f"{l.kernel}: {regs} registers x {l.threads} threads, {l.smem} B shared: cannot launch",
-                    **base)
+        cannot = rendered.launch_problems(mod.kernels, self._device)
+        if cannot:
+            return None, Measurement.failed("resources", "cannot launch: " + "; ".join(cannot), **base)
         cp = _cp()
         try:
             with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as fh:

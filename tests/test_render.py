@@ -1,0 +1,26 @@
+"""Rendering: the launch plan, and the one check of whether its kernels can launch on a device."""
+from __future__ import annotations
+
+from tuner.backends.base import DeviceInfo
+from tuner.cases import coverage
+from tuner.render import render
+from tuner.workloads import get_workload
+
+CHAIN = get_workload("gpt3").chain(tokens=64)
+
+
+def test_a_fused_config_is_one_launch_and_a_two_stream_config_has_a_guard():
+    by_launch = {c.launch: render(CHAIN, c) for c in coverage(CHAIN)}
+    assert [l.kernel for l in by_launch["fused"].launches] == ["fused_kernel"]
+    assert [l.kernel for l in by_launch["two_stream"].launches] == ["stage0_kernel", "guard1_kernel", "stage1_kernel"]
+
+
+def test_launch_problems_name_the_kernel_and_the_resource_that_does_not_fit():
+    r = render(CHAIN, coverage(CHAIN)[0])
+    fits = {k: {"registers": 128, "smem": 16} for k in r.kernels}
+    assert r.launch_problems(fits, DeviceInfo("H200")) == []
+    too_many_regs = {k: {"registers": 255, "smem": 16} for k in r.kernels}
+    small = DeviceInfo("small", regs_per_block=16384, smem_per_block=48 * 1024)
+    problems = r.launch_problems(too_many_regs, small)
+    assert any("stage0_kernel" in p and "registers" in p for p in problems)
+    assert any("shared memory" in p for p in problems)
