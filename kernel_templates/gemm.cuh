@@ -64,6 +64,9 @@ struct Tile {
   static_assert(BM % (16 * WM) == 0 && BN % (16 * WN) == 0, "warp tile must be a multiple of 16x16");
   static_assert(BK % 16 == 0, "BK must be a multiple of 16");
   static_assert(STAGES >= 2, "at least two pipeline stages");
+  // Where this thread's warp tile starts inside the block tile.
+  __device__ static int warp_row0() { return (threadIdx.x / 32 / WN) * WTM; }
+  __device__ static int warp_col0() { return (threadIdx.x / 32 % WN) * WTN; }
 };
 
 // Copy a BROWS x BK slab of a K-contiguous matrix (rows r0.., columns k0..) into shared memory.
@@ -72,7 +75,10 @@ __device__ __forceinline__ void load_slab(half_t* s, const half_t* g, int rows, 
   for (int i = threadIdx.x; i < BROWS * T::CPR; i += T::THREADS) {
     const int r = i / T::CPR, c = (i % T::CPR) * 8;
     const int gr = r0 + r, gk = k0 + c;
-    const bool ok = gr < rows && gk < K;
+    // A row past the edge only feeds outputs that are never stored, so it is not loaded at all;
+    // a chunk past K must read as zeros because it meets valid rows of the other operand.
+    if (gr >= rows) continue;
+    const bool ok = gk < K;
     cp_async16(s + r * T::LDS + c, ok ? (const void*)(g + (size_t)gr * K + gk) : (const void*)g, ok);
   }
 }
@@ -86,8 +92,8 @@ __device__ __forceinline__ void mainloop(float (&acc)[T::MI][T::NI][4], const ha
                                          int kc_begin, int kc_end, half_t* smem, Wait wait) {
   half_t* sA = smem;
   half_t* sB = smem + T::STAGES * T::A_ELEMS;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wm0 = (warp / T::WN) * T::WTM, wn0 = (warp % T::WN) * T::WTN;
+  const int lane = threadIdx.x % 32;
+  const int wm0 = T::warp_row0(), wn0 = T::warp_col0();
 
 #pragma unroll
   for (int i = 0; i < T::MI; ++i)
@@ -144,8 +150,8 @@ __device__ __forceinline__ void mainloop(float (&acc)[T::MI][T::NI][4], const ha
 // naming acc[i][j][e], acc[i][j][e+1] at (row, col), (row, col+1).
 template <class T, class F>
 __device__ __forceinline__ void for_each_pair(int m0, int n0, F f) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wm0 = (warp / T::WN) * T::WTM, wn0 = (warp % T::WN) * T::WTN;
+  const int lane = threadIdx.x % 32;
+  const int wm0 = T::warp_row0(), wn0 = T::warp_col0();
 #pragma unroll
   for (int i = 0; i < T::MI; ++i)
 #pragma unroll

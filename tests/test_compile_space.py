@@ -49,7 +49,7 @@ def compile_all(pairs, tmp_path):
         r = render(chain, cfg)
         sources.setdefault(r.hash, (chain, cfg, r))
     start = time.perf_counter()
-    results = dict(tc.compile_many(((h, r.source) for h, (_, _, r) in sources.items()), "sm_90",
+    results = dict(tc.compile_many(((h, r.source) for h, (_, _, r) in sources.items()), tc.target_arch("sm_90"),
                                    cache_dir=tmp_path))
     return sources, results, time.perf_counter() - start
 

@@ -26,10 +26,11 @@ ODD = dict(tokens=1000, hidden=1032, ffn=776)
                                            ("gpt3", dict(tokens=1000)), ("gpt3", dict(tokens=2048)),
                                            ("llama", dict(tokens=100, hidden=1032, ffn=776))],
                          ids=lambda s: s if isinstance(s, str) else ",".join(f"{k}={v}" for k, v in s.items()))
-def test_every_combination_is_correct(backend, workload, size):
+@pytest.mark.parametrize("mma", ["sync", "wgmma"])
+def test_every_combination_is_correct(backend, workload, size, mma):
     chain = get_workload(workload).chain(**size)
     failures = []
-    for cfg in coverage(chain):
+    for cfg in coverage(chain, mma):
         m = backend.measure(chain, cfg)
         if not m.ok:
             failures.append(f"{cfg.short()}: {m.reason}: {m.message}")
@@ -37,9 +38,10 @@ def test_every_combination_is_correct(backend, workload, size):
     assert len(coverage(chain)) == len(combos())
 
 
-def test_repeated_runs_without_reset_stay_correct(backend):
+@pytest.mark.parametrize("mma", ["sync", "wgmma"])
+def test_repeated_runs_without_reset_stay_correct(backend, mma):
     chain = get_workload("gpt3").chain(**ODD)
-    cfg = next(c for c in coverage(chain) if c.policy == "tile" and c.launch == "fused")
+    cfg = next(c for c in coverage(chain, mma) if c.policy == "tile" and c.launch == "fused")
     runner, m = backend.load(chain, cfg)
     assert runner is not None, m.message
     for _ in range(3):
@@ -71,7 +73,7 @@ def test_cubins_compiled_on_another_host_load_without_recompiling(tmp_path):
     before = dict(tc.cache_stats)
     backend = GpuBackend(warmup=1, reps=3, cache_dir=carried)
     for cfg in coverage(chain):
-        mod = tc.compile_source(render(chain, cfg).source, "sm_90", cache_dir=carried, accept_other_toolkit=True)
+        mod = tc.compile_source(render(chain, cfg).source, tc.target_arch("sm_90"), cache_dir=carried, accept_other_toolkit=True)
         assert mod.cached, cfg.short()
         m = backend.measure(chain, cfg)
         assert m.ok, (cfg.short(), m.reason, m.message)

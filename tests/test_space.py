@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tuner.backends.base import DeviceInfo
-from tuner.config import GLOBAL_FIELDS, TILE_FIELDS, Config, StageTiles
+from tuner.config import GLOBAL_FIELDS, TILE_DEFAULTS, TILE_FIELDS, Config, StageTiles
 from tuner.paths import home
 from tuner.space import STAGE_CONSTRAINTS, SpaceError, load_space, parse_space
 from tuner.workloads import get_workload
@@ -23,6 +23,11 @@ TINY = {
     "limits": {"max_threads": 64, "max_tile_regs": 128},
 }
 TINY_DEVICE = DeviceInfo("tiny", smem_per_block=48 * 1024)
+# The same, mixing mma.sync and wgmma tilings.
+TINY_WG = {**TINY, "stage": {"bm": [16, 64], "bn": [64, 256], "bk": [32, 64], "wm": [1], "wn": [1, 2],
+                             "stages": [2, 3], "split_k": [1, 3], "mma": ["sync", "wgmma"]},
+           "limits": {"max_threads": 256, "max_tile_regs": 128}}
+WG_DEVICE = DeviceInfo("tiny hopper", smem_per_block=100 * 1024)
 
 
 def tiny_chain():
@@ -37,6 +42,15 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
         ks = -(-kc // t.split_k)
         m_cap = max(16, 1 << (st.m - 1).bit_length())
         n_cap = max(64, 1 << (st.n - 1).bit_length())
+        if t.mma == "wgmma":
+            # warpgroups of 128 threads, 64 rows each, 8..256 columns each, whole 64-wide K atoms, >= 3 slots
+            wgn = t.bn // t.wn
+            if (t.bm != 64 * t.wm or t.bn % t.wn or wgn % 8 or wgn > 256 or t.bk % 64 or t.stages < 3
+                    or 128 * t.wm * t.wn > max_threads or wgn // 2 > max_regs
+                    or t.stages * (t.bm + t.bn) * 2 * t.bk + 1024 > dev.smem_per_block
+                    or t.bm > max(64, m_cap) or t.bn > n_cap or t.split_k > kc or (t.split_k - 1) * ks >= kc):
+                return False
+            continue
         if (t.bm % (16 * t.wm) or t.bn % (16 * t.wn) or 32 * t.wm * t.wn > max_threads
                 # accumulators plus one k-step's A (4 per 16 rows) and B (2 per 8 columns) fragments
                 or (t.bm // t.wm) * (t.bn // t.wn) // 32 + t.bm // t.wm // 4 + t.bn // t.wn // 4 > max_regs
@@ -54,7 +68,7 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
 
 def all_configs(space_dict):
     st = space_dict["stage"]
-    tilings = [StageTiles(*v) for v in itertools.product(*(st[f] for f in TILE_FIELDS))]
+    tilings = [StageTiles(*v) for v in itertools.product(*(st.get(f, [TILE_DEFAULTS.get(f)]) for f in TILE_FIELDS))]
     glob = space_dict["global"]
     for combo in itertools.product(*(glob[f] for f in GLOBAL_FIELDS)):
         for t1, t2 in itertools.product(tilings, repeat=2):
@@ -73,6 +87,20 @@ def tiny():
 def test_exact_count_matches_brute_force(tiny):
     fs, brute = tiny
     assert 0 < fs.size == len(brute)
+
+
+def test_exact_count_matches_brute_force_with_wgmma_tilings():
+    fs = parse_space(TINY_WG, "tiny_wg.toml").feasible(tiny_chain(), WG_DEVICE)
+    brute = {c for c in all_configs(TINY_WG) if reference_feasible(tiny_chain(), c, WG_DEVICE, 256, 128)}
+    assert any(t.mma == "wgmma" for c in brute for t in c.tiles) and any(c.tiles[0].mma == "sync" for c in brute)
+    assert set(fs) == brute
+
+
+def test_wgmma_is_infeasible_off_hopper():
+    fs = parse_space(TINY_WG, "tiny_wg.toml").feasible(tiny_chain(), DeviceInfo("ampere", arch="sm_80"))
+    assert fs.size > 0 and not any(t.mma == "wgmma" for c in fs for t in c.tiles)
+    wg = StageTiles(64, 64, 64, 1, 1, 3, 1, "wgmma")
+    assert "wgmma needs a Hopper GPU" in fs.contains(Config((wg, wg), "stream", "row", "block", "serial"))
 
 
 def test_grid_visits_every_feasible_config_exactly_once(tiny):
@@ -184,9 +212,11 @@ def test_shipped_spaces_are_feasible_at_both_ends_of_the_sweep():
 
 
 def test_one_token_allows_only_the_shortest_tiles():
+    """16 rows for mma.sync warps; a warpgroup's least is 64."""
     space = load_space(home() / "search_spaces" / "gpt3.toml")
     fs = space.feasible(get_workload("gpt3").chain(tokens=1), H200)
-    assert fs.domains()["gemm1.bm"] == [16]
+    assert fs.domains()["gemm1.bm"] == [16, 64]
+    assert all(t.bm == (64 if t.mma == "wgmma" else 16) for i in range(0, fs.size, 9973) for t in fs.unrank(i).tiles)
 
 
 def test_empty_set_says_which_constraint_emptied_it():

@@ -41,11 +41,11 @@ def _configs(chain: Chain, device, space_path: Path, sample: int, seed: int) -> 
 
 
 def _precompile(chains_configs: list[tuple[Chain, Config]], arch: str, jobs: int) -> None:
-    from .compile import compile_many
+    from .compile import compile_many, target_arch
     from .render import render
 
     todo = [(i, render(ch, cfg).source) for i, (ch, cfg) in enumerate(chains_configs)]
-    for _ in compile_many(todo, arch, jobs):
+    for _ in compile_many(todo, target_arch(arch), jobs):
         pass
 
 

@@ -18,9 +18,12 @@ def combos() -> list[tuple[str, str, str, str]]:
             if launch_allowed(p, l, d) is None]
 
 
-def tiles_for(chain: Chain, split: tuple[int, int] = (1, 1)) -> tuple[StageTiles, ...]:
+def tiles_for(chain: Chain, split: tuple[int, int] = (1, 1), mma: str = "sync") -> tuple[StageTiles, ...]:
     """A reasonable tiling for the chain's token count: short tiles at small M."""
     m = chain.stages[0].m
+    if mma == "wgmma":
+        wm = 1 if m <= 64 else 2
+        return tuple(StageTiles(64 * wm, 128, 64, wm, 1, 4, s, "wgmma") for s in split)
     if m <= 16:
         return (StageTiles(16, 128, 64, 1, 4, 4, split[0]), StageTiles(16, 128, 64, 1, 4, 4, split[1]))
     if m <= 64:
@@ -28,12 +31,12 @@ def tiles_for(chain: Chain, split: tuple[int, int] = (1, 1)) -> tuple[StageTiles
     return (StageTiles(128, 128, 32, 2, 2, 4, split[0]), StageTiles(64, 128, 32, 2, 2, 4, split[1]))
 
 
-def coverage(chain: Chain) -> list[Config]:
+def coverage(chain: Chain, mma: str = "sync") -> list[Config]:
     """One config per allowed combination, alternating split-K and uneven M tiles across them."""
     out = []
     for i, (p, o, d, l) in enumerate(combos()):
         split = (2, 2) if i % 3 == 1 else (1, 1)
-        out.append(Config(tiles_for(chain, split), p, o, d, l))
+        out.append(Config(tiles_for(chain, split, mma), p, o, d, l))
     return out
 
 

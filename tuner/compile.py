@@ -40,6 +40,12 @@ K = TypeVar("K", bound=Hashable)
 BASE_OPTIONS = ("-std=c++17", "--ptxas-options=-v")
 _ARCH = re.compile(r"sm_\d+a?")
 
+def target_arch(device_arch: str) -> str:
+    """What to compile for a device: its arch-specific variant where it has one (sm_90 -> sm_90a,
+    which adds wgmma). An ``sm_90a`` cubin runs on exactly the devices an ``sm_90`` cubin runs on."""
+    return "sm_90a" if device_arch == "sm_90" else device_arch
+
+
 # Cache lookups in this process: "hits" (exact toolkit), "other_toolkit_hits", "misses".
 cache_stats: Counter[str] = Counter()
 
@@ -359,7 +365,8 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--arch {args.arch!r} is not an architecture; accepted: sm_XY or sm_XYa, e.g. sm_90")
     wl = get_workload(args.workload)
     tokens = list(getattr(args, "tokens", None) or wl.sweep)
-    device = DeviceInfo(name=f"{args.arch} (compile only)", arch=args.arch)
+    device = DeviceInfo(name=f"{args.arch} (compile only)", arch=args.arch.rstrip("a"))
+    target = target_arch(device.arch)
     space = load_space(home() / "search_spaces" / f"{wl.name}.toml")
     cache = default_cache_dir()
     start = time.perf_counter()
@@ -376,8 +383,8 @@ def main(args: argparse.Namespace) -> int:
 
     done = failed = spilled = hits = 0
     first_failure = ""
-    with tqdm(total=len(todo), desc=f"compile {wl.name} ({args.arch})", unit="src", file=sys.stderr) as bar:
-        for (label, short), out in compile_many(todo, args.arch, args.jobs, cache_dir=cache):
+    with tqdm(total=len(todo), desc=f"compile {wl.name} ({target})", unit="src", file=sys.stderr) as bar:
+        for (label, short), out in compile_many(todo, target, args.jobs, cache_dir=cache):
             bar.update()
             if isinstance(out, CompileError):
                 failed += 1
@@ -386,7 +393,7 @@ def main(args: argparse.Namespace) -> int:
             done += 1
             hits += out.cached
             spilled += out.spills
-    print(f"{wl.name} for {args.arch} with NVRTC {toolkit_version()}: {len(todo)} configs over {len(tokens)} "
+    print(f"{wl.name} for {target} with NVRTC {toolkit_version()}: {len(todo)} configs over {len(tokens)} "
           f"size(s); {done} compiled ({hits} from the cache), {failed} failed, {spilled} spill registers to "
           f"local memory; {rejected} rejected by the sync checker; {time.perf_counter() - start:.1f} s wall; "
           f"cache: {cache}")

@@ -10,8 +10,19 @@ from typing import Any, Mapping
 
 from .workloads import Chain, GemmStage
 
-TILE_FIELDS = ("bm", "bn", "bk", "wm", "wn", "stages", "split_k")
+TILE_FIELDS = ("bm", "bn", "bk", "wm", "wn", "stages", "split_k", "mma")
+# Tile fields that name a choice rather than count something, with their accepted values.
+# "sync": mma.sync warps (any sm_80+); "wgmma": Hopper warpgroup MMAs from swizzled shared memory.
+TILE_CHOICES: dict[str, tuple[str, ...]] = {"mma": ("sync", "wgmma")}
+TILE_DEFAULTS: dict[str, Any] = {"split_k": 1, "mma": "sync"}  # what records made before a field existed mean
 GLOBAL_FIELDS = ("policy", "order", "dispatch", "launch")
+
+
+def tile_value(field: str, value: Any) -> Any:
+    """A tile field's value in its own type (choices are names, the rest counts)."""
+    if value is None:
+        raise KeyError(field)
+    return str(value) if field in TILE_CHOICES else int(value)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -20,7 +31,9 @@ def cdiv(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class StageTiles:
-    """Tiling of one GEMM stage: block tile, warp grid, pipeline depth and split-K."""
+    """Tiling of one GEMM stage: block tile, warp grid, pipeline depth, split-K and MMA instruction.
+
+    With ``mma="wgmma"``, ``wm`` x ``wn`` counts warpgroups (four warps each, 64 rows apiece)."""
 
     bm: int
     bn: int
@@ -29,17 +42,21 @@ class StageTiles:
     wn: int
     stages: int
     split_k: int = 1
+    mma: str = "sync"
 
     @property
     def warps(self) -> int:
-        return self.wm * self.wn
+        return self.wm * self.wn * (4 if self.mma == "wgmma" else 1)
 
     @property
     def threads(self) -> int:
         return 32 * self.warps
 
     def smem_bytes(self) -> int:
-        """Shared memory of the cp.async ring: A and B tiles, rows padded by 16 bytes."""
+        """Shared memory of the cp.async ring: A and B tiles, rows padded by 16 bytes for mma.sync;
+        swizzled unpadded rows plus 1 KiB of alignment slack for wgmma."""
+        if self.mma == "wgmma":
+            return self.stages * (self.bm + self.bn) * self.bk * 2 + 1024
         row = self.bk * 2 + 16
         return self.stages * (self.bm + self.bn) * row
 
@@ -99,7 +116,8 @@ class Config:
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], n_stages: int) -> "Config":
-        tiles = tuple(StageTiles(**{f: int(params[f"gemm{i + 1}.{f}"]) for f in TILE_FIELDS}) for i in range(n_stages))
+        tiles = tuple(StageTiles(**{f: tile_value(f, params.get(f"gemm{i + 1}.{f}", TILE_DEFAULTS.get(f)))
+                                    for f in TILE_FIELDS}) for i in range(n_stages))
         return cls(tiles, *(str(params[f]) for f in GLOBAL_FIELDS))
 
     def to_dict(self) -> dict[str, Any]:
@@ -108,7 +126,7 @@ class Config:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Config":
         names = {f.name for f in fields(StageTiles)}
-        tiles = tuple(StageTiles(**{k: int(v) for k, v in t.items() if k in names}) for t in d["tiles"])
+        tiles = tuple(StageTiles(**{k: tile_value(k, v) for k, v in t.items() if k in names}) for t in d["tiles"])
         return cls(tiles, *(str(d[f]) for f in GLOBAL_FIELDS))
 
     def grids(self, chain: Chain) -> tuple[StageGrid, ...]:
@@ -116,6 +134,6 @@ class Config:
 
     def short(self) -> str:
         """A compact one-line description for tables and logs."""
-        t = " | ".join(f"{x.bm}x{x.bn}x{x.bk} w{x.wm}x{x.wn} s{x.stages}" + (f" k{x.split_k}" if x.split_k > 1 else "")
-                       for x in self.tiles)
+        t = " | ".join(f"{x.bm}x{x.bn}x{x.bk} {'g' if x.mma == 'wgmma' else 'w'}{x.wm}x{x.wn} s{x.stages}"
+                       + (f" k{x.split_k}" if x.split_k > 1 else "") for x in self.tiles)
         return f"{self.policy}/{self.launch}/{self.order}-{self.dispatch} [{t}]"

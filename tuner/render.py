@@ -21,6 +21,7 @@ from .sync import ORDERS, POLICIES, order_env, pair_env
 from .workloads import Chain
 
 HEADERS = ("sync.cuh", "gemm.cuh")
+WGMMA_HEADER = "wgmma.cuh"  # follows the generated wgmma_k16 wrappers, only in sources that use wgmma
 FAULTS = ("none", "missing_post", "illegal_address", "hang")  # planted faults, for tests only
 
 
@@ -69,14 +70,35 @@ def _env() -> jinja2.Environment:
                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
 
 
-@lru_cache(maxsize=1)
-def _headers() -> str:
+@lru_cache(maxsize=None)
+def _header(name: str) -> str:
     # Plain CUDA headers, pasted in verbatim (inline PTX braces would confuse Jinja), so the
     # rendered source is self-contained and its hash covers every line the compiler sees.
-    parts = []
-    for name in HEADERS:
-        text = (templates_dir() / name).read_text()
-        parts.append(f"// ---- {name}\n" + text.replace("#pragma once\n", ""))
+    text = (templates_dir() / name).read_text()
+    return f"// ---- {name}\n" + text.replace("#pragma once\n", "")
+
+
+def wgmma_wrapper(n: int) -> str:
+    """``wgmma_k16`` for an accumulator of ``n`` columns: one m64nNk16 MMA, both operands from
+    shared-memory descriptors, D += A.B. Generated because the instruction spells out all
+    ``n / 2`` accumulator registers."""
+    if n % 8 or not 8 <= n <= 256:
+        raise ValueError(f"wgmma has no m64n{n}k16 shape")
+    regs = n // 2
+    outs = ", ".join(f"%{i}" for i in range(regs))
+    binds = ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(regs))
+    return (f"__device__ __forceinline__ void wgmma_k16(float (&d)[{n // 8}][4], u64 da, u64 db) {{\n"
+            f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"\n'
+            f'               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{outs}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 0;\\n}}\\n"\n'
+            f"               : {binds}\n"
+            f'               : "l"(da), "l"(db));\n}}\n')
+
+
+def _headers(wgmma_widths: set[int]) -> str:
+    parts = [_header(name) for name in HEADERS]
+    if wgmma_widths:
+        parts.append("// ---- generated wgmma wrappers\n" + "\n".join(wgmma_wrapper(n) for n in sorted(wgmma_widths)))
+        parts.append(_header(WGMMA_HEADER))
     return "\n".join(parts)
 
 
@@ -110,7 +132,7 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
         st, tl = g.stage, g.tiles
         entry = dict(index=i, name=st.name, M=st.m, N=st.n, K=st.k, NOUT=st.n_out, epilogue=st.epilogue,
                      **order_env(g), KS=g.ks, KC=g.kc, blocks=g.blocks, threads=tl.threads,
-                     BM=tl.bm, BN=tl.bn, BK=tl.bk, WM=tl.wm, WN=tl.wn, STAGES=tl.stages,
+                     BM=tl.bm, BN=tl.bn, BK=tl.bk, WM=tl.wm, WN=tl.wn, STAGES=tl.stages, MMA=tl.mma,
                      order_m=order.m.c, order_n=order.n.c, order_s=order.s.c,
                      wait=None, post=None, started=None, guard=None, ticket=None, ws_base=0, arrive_base=0)
         if tl.split_k > 1:
@@ -138,7 +160,8 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
     source = _env().get_template("chain.cu.j2").render(
         label=chain.label, config_short=config.short(), stages=stages, launch=config.launch,
         dispatch=config.dispatch, fault=fault, err_word=err_word, fused_ticket=fused_ticket,
-        total_blocks=total_blocks, threads=threads, headers=_headers())
+        total_blocks=total_blocks, threads=threads,
+        headers=_headers({t.bn // t.wn for t in config.tiles if t.mma == "wgmma"}))
     if config.launch == "fused":
         launches: tuple[Launch, ...] = (Launch("fused_kernel", total_blocks, threads, max(map(_smem, grids)), 0),)
     else:

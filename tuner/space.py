@@ -27,7 +27,7 @@ import numpy as np
 
 from . import UsageError
 from .backends.base import DeviceInfo
-from .config import GLOBAL_FIELDS, TILE_FIELDS, Config, StageGrid, StageTiles
+from .config import GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
 from .expr import Expr
 from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES, launch_allowed
 from .tomlfile import did_you_mean, read_toml
@@ -69,13 +69,13 @@ LIMIT_KEYS = tuple(Limits.__dataclass_fields__)
 class SearchSpace:
     """Candidate values for every knob; ``overrides`` replaces some of them for named stages."""
 
-    stage: Mapping[str, tuple[int, ...]]
-    overrides: Mapping[str, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
+    stage: Mapping[str, tuple[Any, ...]]
+    overrides: Mapping[str, Mapping[str, tuple[Any, ...]]] = field(default_factory=dict)
     globals: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(GLOBAL_CHOICES))
     limits: Limits = Limits()
     source: str = "<search space>"
 
-    def stage_domain(self, stage_name: str) -> dict[str, tuple[int, ...]]:
+    def stage_domain(self, stage_name: str) -> dict[str, tuple[Any, ...]]:
         """Candidate values of each tile field for one stage."""
         return {**self.stage, **self.overrides.get(stage_name, {})}
 
@@ -108,6 +108,12 @@ def _choice_list(value: Any, where: str, accepted: Sequence[str], source: str) -
     return tuple(items)
 
 
+def _tile_list(value: Any, where: str, key: str, source: str) -> tuple[Any, ...]:
+    if key in TILE_CHOICES:
+        return _choice_list(value, where, TILE_CHOICES[key], source)
+    return _int_list(value, where, source)
+
+
 def _unknown(key: str, where: str, valid: Sequence[str], source: str) -> SpaceError:
     return SpaceError(f"{source}: unknown key {where}{did_you_mean(key, valid)}; accepted: {', '.join(valid)}")
 
@@ -122,25 +128,27 @@ def parse_space(data: Mapping[str, Any], source: str = "<search space>") -> Sear
     raw_stage = data.get("stage")
     if raw_stage is None:
         raise SpaceError(f"{source}: missing table [stage]; it lists {', '.join(TILE_FIELDS)}")
-    stage: dict[str, tuple[int, ...]] = {}
-    overrides: dict[str, dict[str, tuple[int, ...]]] = {}
+    stage: dict[str, tuple[Any, ...]] = {}
+    overrides: dict[str, dict[str, tuple[Any, ...]]] = {}
     for key, value in raw_stage.items():
         if isinstance(value, dict):
             sub = {}
             for k, v in value.items():
                 if k not in TILE_FIELDS:
                     raise _unknown(k, f"stage.{key}.{k}", TILE_FIELDS, source)
-                sub[k] = _int_list(v, f"stage.{key}.{k}", source)
+                sub[k] = _tile_list(v, f"stage.{key}.{k}", k, source)
             overrides[key] = sub
         elif key in TILE_FIELDS:
-            stage[key] = _int_list(value, f"stage.{key}", source)
+            stage[key] = _tile_list(value, f"stage.{key}", key, source)
         else:
             raise _unknown(key, f"stage.{key}", TILE_FIELDS, source)
-    stage.setdefault("split_k", (1,))
+    for key, value in TILE_DEFAULTS.items():
+        stage.setdefault(key, (value,))
     missing = [f for f in TILE_FIELDS if f not in stage]
     if missing:
+        defaults = ", ".join(f"{k} to {v}" for k, v in TILE_DEFAULTS.items())
         raise SpaceError(f"{source}: [stage] lacks {', '.join(missing)}; it must list every one of "
-                         f"{', '.join(TILE_FIELDS)} (split_k defaults to 1)")
+                         f"{', '.join(TILE_FIELDS)} ({defaults} by default)")
     globals_ = dict(GLOBAL_CHOICES)
     for key, value in data.get("global", {}).items():
         if key not in GLOBAL_CHOICES:
@@ -172,9 +180,27 @@ def next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
+WGMMA_ARCHS = ("sm_90", "sm_90a")  # warpgroup MMAs exist on Hopper only
+
+
 def warp_tile(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
-    """Each warp computes whole 16x16 MMA fragments."""
+    """mma.sync: each warp computes whole 16x16 fragments. wgmma: each warpgroup computes 64 rows
+    and a multiple of 8 columns up to 256, over whole 64-wide swizzle atoms of K, with a ring of
+    at least three slots (one stays under the MMAs in flight)."""
     t = g.tiles
+    if t.mma == "wgmma":
+        if dev.arch not in WGMMA_ARCHS:
+            return f"wgmma needs a Hopper GPU ({' or '.join(WGMMA_ARCHS)}), not {dev.arch}"
+        wgn = t.bn // t.wn
+        if t.bm != 64 * t.wm:
+            return f"BM={t.bm} is not 64 rows per warpgroup for {t.wm} warpgroups along M"
+        if t.bn % t.wn or wgn % 8 or wgn > 256:
+            return f"BN={t.bn} over {t.wn} warpgroups is not a multiple of 8 up to 256 columns each"
+        if t.bk % 64:
+            return f"BK={t.bk} is not a whole number of 64-wide swizzle atoms"
+        if t.stages < 3:
+            return f"a wgmma ring needs at least 3 stages, got {t.stages}"
+        return None
     if t.bm % (16 * t.wm) or t.bn % (16 * t.wn):
         return f"a {t.bm}x{t.bn} tile does not split into {t.wm}x{t.wn} warps of 16x16 multiples"
     return None
@@ -189,11 +215,15 @@ def threads(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
 
 def accumulators(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
     """The warp tile lives in registers: (bm/wm)*(bn/wn) fp32 accumulators per warp over 32 lanes,
-    plus one k-step's A and B fragments (4 registers per 16 rows, 2 per 8 columns). Past the cap
-    the compiler spills (the CI compile test holds this bound to the compiler's report)."""
+    plus, for mma.sync, one k-step's A and B fragments (4 registers per 16 rows, 2 per 8 columns;
+    wgmma reads both operands from shared memory). Past the cap the compiler spills (the CI
+    compile test holds this bound to the compiler's report)."""
     t = g.tiles
-    wtm, wtn = t.bm // t.wm, t.bn // t.wn
-    regs = wtm * wtn // 32 + (wtm // 16) * 4 + (wtn // 8) * 2
+    if t.mma == "wgmma":
+        regs = 64 * (t.bn // t.wn) // 128
+    else:
+        wtm, wtn = t.bm // t.wm, t.bn // t.wn
+        regs = wtm * wtn // 32 + (wtm // 16) * 4 + (wtn // 8) * 2
     cap = min(lim.max_tile_regs, HW_MAX_REGS)
     if regs > cap:
         return f"{regs} registers per thread for the warp tile exceed {cap}"
@@ -208,8 +238,8 @@ def shared_memory(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
 
 
 def tile_height(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
-    """A tile taller than the next power of two of M only computes padding."""
-    cap = max(16, next_pow2(g.stage.m))
+    """A tile taller than the next power of two of M only computes padding (wgmma's least is 64)."""
+    cap = max(64 if g.tiles.mma == "wgmma" else 16, next_pow2(g.stage.m))
     if g.tiles.bm > cap:
         return f"BM={g.tiles.bm} is taller than needed for M={g.stage.m} (at most {cap})"
     return None

@@ -200,12 +200,12 @@ class GpuBackend(Backend):
 
     def load(self, chain: Chain, config: Config, fault: str = "none") -> tuple[Runner | None, Measurement]:
         """Render, compile and load; on failure the Measurement says why (and the runner is None)."""
-        from ..compile import CompileError, compile_source
+        from ..compile import CompileError, compile_source, target_arch
 
         rendered = render(chain, config, fault)
         base = dict(source_hash=rendered.hash)
         try:
-            mod = compile_source(rendered.source, self._device.arch, cache_dir=self.cache_dir,
+            mod = compile_source(rendered.source, target_arch(self._device.arch), cache_dir=self.cache_dir,
                                  accept_other_toolkit=True)
         except CompileError as exc:
             return None, Measurement.failed("compile", str(exc).splitlines()[0][:500], **base)

@@ -1,0 +1,19 @@
+"""Compile the GPU tests' coverage configs (mma.sync and wgmma) in parallel, before the tests run."""
+import sys
+from tuner.cases import coverage
+from tuner.compile import compile_many, target_arch
+from tuner.render import render
+from tuner.workloads import get_workload
+
+def main():
+    sizes = [("gpt3", dict(tokens=1000, hidden=1032, ffn=776))] + [("gpt3", dict(tokens=t)) for t in (1, 64, 1000, 2048)] \
+        + [("llama", dict(tokens=100, hidden=1032, ffn=776))]
+    items = []
+    for wl, size in sizes:
+        ch = get_workload(wl).chain(**size)
+        items += [((ch.label, c.short()), render(ch, c).source) for mma in ("sync", "wgmma") for c in coverage(ch, mma)]
+    n = sum(1 for k, m in compile_many(items, target_arch("sm_90"), int(sys.argv[1])) if not isinstance(m, Exception))
+    print(f"{n} of {len(items)} compiled")
+
+if __name__ == "__main__":
+    main()
