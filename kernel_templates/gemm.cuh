@@ -55,6 +55,7 @@ template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_>
 struct Tile {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
   static constexpr int THREADS = WM * WN * 32;
+  static constexpr int MMA_THREADS = THREADS;  // threads that hold accumulators
   static constexpr int LDS = BK + 8;  // halves per shared row: 16 bytes of padding
   static constexpr int A_ELEMS = BM * LDS, B_ELEMS = BN * LDS;
   static constexpr int SMEM_BYTES = STAGES * (A_ELEMS + B_ELEMS) * 2;
@@ -150,6 +151,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[T::MI][T::NI][4], const ha
 // naming acc[i][j][e], acc[i][j][e+1] at (row, col), (row, col+1).
 template <class T, class F>
 __device__ __forceinline__ void for_each_pair(int m0, int n0, F f) {
+  if (threadIdx.x >= T::MMA_THREADS) return;  // a producer warp holds no accumulators
   const int lane = threadIdx.x % 32;
   const int wm0 = T::warp_row0(), wn0 = T::warp_col0();
 #pragma unroll

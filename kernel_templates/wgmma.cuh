@@ -28,6 +28,7 @@ template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_>
 struct TileWG {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
   static constexpr int THREADS = WM * WN * 128;
+  static constexpr int MMA_THREADS = THREADS;
   static constexpr int WGN = BN / WN;  // columns per warpgroup
   static constexpr int MI = 1, NI = WGN / 8;  // accumulator fragments per thread: 1 x NI x 4 floats
   static constexpr int ATOMS = BK / 64;  // 128-byte swizzle atoms along K
@@ -106,4 +107,128 @@ __device__ __forceinline__ void mainloop_wg(float (&acc)[T::MI][T::NI][4], const
   wgmma_wait<0>();
   cp_async_wait<0>();
   __syncthreads();
+}
+
+// ---- The same mainloop fed by the Tensor Memory Accelerator (TMA).
+//
+// One thread issues each stage as a few bulk tensor copies (one box of 64 K-halves by the
+// tile's rows per swizzle atom) that land already swizzled and zero-filled past the matrix
+// edge, and complete on the stage's mbarrier with a byte count. No other thread spends an
+// instruction on loads, and every ring slot stays in flight until the MMAs need it.
+// Tensor maps live in global memory (built by the host for each buffer and box shape).
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(u32 bar, u32 parity) {
+  u32 done;
+  asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  return done;
+}
+// Bounded like every other wait: a copy that never completes sets the error flag instead of hanging.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity, u32* err) {
+  if (mbar_try_wait(bar, parity)) return;
+  const u64 start = tuner_globaltimer();
+  while (!mbar_try_wait(bar, parity)) {
+    if (tuner_globaltimer() - start > TUNER_SPIN_NS) {
+      atomicExch(err, 1u);
+      return;
+    }
+  }
+}
+__device__ __forceinline__ void tma_load_2d(u32 dst, const void* map, u32 bar, int inner, int outer) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      ::"r"(dst), "l"(map), "r"(inner), "r"(outer), "r"(bar) : "memory");
+}
+// Orders this thread's generic-proxy acquire (a semaphore) before its async-proxy reads (TMA).
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// A_ROWS: rows of A each stage requests, fewer than BM when the whole matrix has fewer rows
+// (rows past it only feed outputs that are never stored, and a box far past the edge is slow).
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int A_ROWS_>
+struct TileTMA : TileWG<BM_, BN_, BK_, WM_, WN_, STAGES_> {
+  using Base = TileWG<BM_, BN_, BK_, WM_, WN_, STAGES_>;
+  static constexpr int A_ROWS = A_ROWS_;
+  static constexpr int MMA_THREADS = Base::THREADS;
+  static constexpr int THREADS = MMA_THREADS + 32;  // + one producer warp that only issues copies
+  static constexpr int TX_BYTES = (A_ROWS + BN_) * BK_ * 2;
+  static constexpr int SMEM_BYTES = Base::SMEM_BYTES + 2 * STAGES_ * 8;  // + full and empty mbarriers
+  static_assert(A_ROWS % 8 == 0 && A_ROWS <= BM_, "whole 8-row swizzle groups of A");
+};
+
+// Same contract as mainloop_wg(), warp-specialized: the last warp's first lane issues every
+// copy (after `wait_one(kc, first)` for the A operand of chunk kc, so the MMA warps never stop
+// for a producer tile they are not yet reading), the MMA warps only wait for full slots and
+// hand each slot back once the MMAs reading it have retired. No block-wide barrier in the loop.
+template <class T, class WaitOne>
+__device__ __forceinline__ void mainloop_tma(float (&acc)[T::MI][T::NI][4], const void* mapA, const void* mapB,
+                                             int m0, int n0, int kc_begin, int kc_end, half_t* smem_in,
+                                             u32* err, WaitOne wait_one) {
+  unsigned char* smem = reinterpret_cast<unsigned char*>(((size_t)smem_in + 1023) & ~(size_t)1023);
+  const u32 sA = smem_u32(smem), sB = sA + T::STAGES * T::A_BYTES;
+  const u32 full = sB + T::STAGES * T::B_BYTES, empty = full + T::STAGES * 8;
+  const int nk = kc_end - kc_begin;
+
+#pragma unroll
+  for (int j = 0; j < T::NI; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[0][j][e] = 0.f;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < T::STAGES; ++s) {
+      mbar_init(full + s * 8, 1);
+      mbar_init(empty + s * 8, T::MMA_THREADS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (threadIdx.x >= T::MMA_THREADS) {
+    if (threadIdx.x == T::MMA_THREADS) {
+      for (int it = 0; it < nk; ++it) {
+        const int kc = kc_begin + it, slot = it % T::STAGES;
+        const u32 bar = full + slot * 8;
+        if (it >= T::STAGES) mbar_wait(empty + slot * 8, ((it / T::STAGES) - 1) & 1, err);
+        mbar_expect_tx(bar, T::TX_BYTES);
+#pragma unroll
+        for (int atom = 0; atom < T::ATOMS; ++atom)
+          tma_load_2d(sB + slot * T::B_BYTES + atom * T::BN * 128, mapB, bar, kc * T::BK + atom * 64, n0);
+        wait_one(kc, it == 0);
+        fence_proxy_async_global();
+#pragma unroll
+        for (int atom = 0; atom < T::ATOMS; ++atom)
+          tma_load_2d(sA + slot * T::A_BYTES + atom * T::BM * 128, mapA, bar, kc * T::BK + atom * 64, m0);
+      }
+    }
+  } else {
+    const int wg = threadIdx.x / 128;
+    const u32 a_off = (wg / T::WN) * 64 * 128, b_off = (wg % T::WN) * T::WGN * 128;
+    for (int it = 0; it < nk; ++it) {
+      const int slot = it % T::STAGES;
+      mbar_wait(full + slot * 8, (it / T::STAGES) & 1, err);
+      const u32 a = sA + slot * T::A_BYTES + a_off;
+      const u32 b = sB + slot * T::B_BYTES + b_off;
+      wgmma_fence();
+#pragma unroll
+      for (int atom = 0; atom < T::ATOMS; ++atom)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          wgmma_k16(acc[0], wgmma_desc(a + atom * T::BM * 128 + kk * 32),
+                    wgmma_desc(b + atom * T::BN * 128 + kk * 32));
+      wgmma_commit();
+      wgmma_wait<1>();  // the MMAs of iteration it-1 have retired: their slot goes back to the producer
+      if (it > 0) mbar_arrive(empty + ((it - 1) % T::STAGES) * 8);
+    }
+    wgmma_wait<0>();
+  }
+  __syncthreads();  // the ring may be reused by the caller; every copy issued has been consumed
 }

@@ -26,7 +26,7 @@ ODD = dict(tokens=1000, hidden=1032, ffn=776)
                                            ("gpt3", dict(tokens=1000)), ("gpt3", dict(tokens=2048)),
                                            ("llama", dict(tokens=100, hidden=1032, ffn=776))],
                          ids=lambda s: s if isinstance(s, str) else ",".join(f"{k}={v}" for k, v in s.items()))
-@pytest.mark.parametrize("mma", ["sync", "wgmma"])
+@pytest.mark.parametrize("mma", ["sync", "wgmma", "wgmma_tma"])
 def test_every_combination_is_correct(backend, workload, size, mma):
     chain = get_workload(workload).chain(**size)
     failures = []
@@ -38,7 +38,7 @@ def test_every_combination_is_correct(backend, workload, size, mma):
     assert len(coverage(chain)) == len(combos())
 
 
-@pytest.mark.parametrize("mma", ["sync", "wgmma"])
+@pytest.mark.parametrize("mma", ["sync", "wgmma", "wgmma_tma"])
 def test_repeated_runs_without_reset_stay_correct(backend, mma):
     chain = get_workload("gpt3").chain(**ODD)
     cfg = next(c for c in coverage(chain, mma) if c.policy == "tile" and c.launch == "fused")

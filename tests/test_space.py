@@ -25,7 +25,7 @@ TINY = {
 TINY_DEVICE = DeviceInfo("tiny", smem_per_block=48 * 1024)
 # The same, mixing mma.sync and wgmma tilings.
 TINY_WG = {**TINY, "stage": {"bm": [16, 64], "bn": [64, 256], "bk": [32, 64], "wm": [1], "wn": [1, 2],
-                             "stages": [2, 3], "split_k": [1, 3], "mma": ["sync", "wgmma"]},
+                             "stages": [2, 3], "split_k": [1, 3], "mma": ["sync", "wgmma", "wgmma_tma"]},
            "limits": {"max_threads": 256, "max_tile_regs": 128}}
 WG_DEVICE = DeviceInfo("tiny hopper", smem_per_block=100 * 1024)
 
@@ -42,12 +42,15 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
         ks = -(-kc // t.split_k)
         m_cap = max(16, 1 << (st.m - 1).bit_length())
         n_cap = max(64, 1 << (st.n - 1).bit_length())
-        if t.mma == "wgmma":
+        if t.mma in ("wgmma", "wgmma_tma"):
             # warpgroups of 128 threads, 64 rows each, 8..256 columns each, whole 64-wide K atoms, >= 3 slots
             wgn = t.bn // t.wn
             if (t.bm != 64 * t.wm or t.bn % t.wn or wgn % 8 or wgn > 256 or t.bk % 64 or t.stages < 3
-                    or 128 * t.wm * t.wn > max_threads or wgn // 2 > max_regs
-                    or t.stages * (t.bm + t.bn) * 2 * t.bk + 1024 > dev.smem_per_block
+                    or 128 * t.wm * t.wn + 32 * (t.mma == "wgmma_tma") > max_threads or wgn // 2 > max_regs
+                    # registers come per warpgroup: 65536 over the threads rounded up to 128, less 56 others
+                    or wgn // 2 + 56 > 65536 // (-(-(128 * t.wm * t.wn + 32 * (t.mma == "wgmma_tma")) // 128) * 128)
+                    or t.stages * (t.bm + t.bn) * 2 * t.bk + 1024 + 16 * t.stages * (t.mma == "wgmma_tma")
+                    > dev.smem_per_block
                     or t.bm > max(64, m_cap) or t.bn > n_cap or t.split_k > kc or (t.split_k - 1) * ks >= kc):
                 return False
             continue
@@ -98,7 +101,7 @@ def test_exact_count_matches_brute_force_with_wgmma_tilings():
 
 def test_wgmma_is_infeasible_off_hopper():
     fs = parse_space(TINY_WG, "tiny_wg.toml").feasible(tiny_chain(), DeviceInfo("ampere", arch="sm_80"))
-    assert fs.size > 0 and not any(t.mma == "wgmma" for c in fs for t in c.tiles)
+    assert fs.size > 0 and not any(t.mma != "sync" for c in fs for t in c.tiles)
     wg = StageTiles(64, 64, 64, 1, 1, 3, 1, "wgmma")
     assert "wgmma needs a Hopper GPU" in fs.contains(Config((wg, wg), "stream", "row", "block", "serial"))
 
@@ -216,7 +219,7 @@ def test_one_token_allows_only_the_shortest_tiles():
     space = load_space(home() / "search_spaces" / "gpt3.toml")
     fs = space.feasible(get_workload("gpt3").chain(tokens=1), H200)
     assert fs.domains()["gemm1.bm"] == [16, 64]
-    assert all(t.bm == (64 if t.mma == "wgmma" else 16) for i in range(0, fs.size, 9973) for t in fs.unrank(i).tiles)
+    assert all(t.bm == (64 if t.mma != "sync" else 16) for i in range(0, fs.size, 9973) for t in fs.unrank(i).tiles)
 
 
 def test_empty_set_says_which_constraint_emptied_it():

@@ -1,42 +1,69 @@
 """``python -m tuner bench``: our best stream-sync and tile-sync chains against the baselines and the floor.
 
 Per token count: the cuBLAS chain a CuPy user writes, PyTorch's chains where PyTorch is
-installed, our best stream-synchronized config, our best tile-synchronized config (the
-coverage set, the space's baselines and a seeded random sample of the feasible space, each
-verified before it is timed), and the floor computed from the bandwidth and GEMM rate
-measured in the same run. Writes every measurement as a recording (the replay backend reads
-it) and the summary table as JSON.
+installed, our best stream-synchronized config, our best tile-synchronized config, and the
+floor computed from the bandwidth and GEMM rate measured in the same run.
+
+Our configs come from two passes. First each stage is timed alone over the feasible tilings
+a coarse model ranks first (one per tile shape and split, per instruction kind); then each
+stage's three fastest tilings are paired under every sync policy, order and launch mode, and
+the whole chains are timed. Every config is verified before it is timed. Writes every
+measurement as a recording (the replay backend reads it) and the summary table as JSON.
 """
 from __future__ import annotations
 
 import json
 import sys
 import time
+from itertools import product
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from .cases import coverage, streaming
-from .config import Config
+from .config import Config, StageTiles
 from .workloads import Chain, get_workload
 
 
-def _configs(chain: Chain, device, space_path: Path, sample: int, seed: int) -> list[Config]:
-    """Baselines, the coverage set and a seeded uniform sample of the feasible space that the checker accepts."""
-    from .checker import check
-    from .space import load_space
+# The stage sweep: per stage and instruction, how many model-ranked tilings are timed alone.
+STAGE_CANDIDATES = {"wgmma_tma": 96, "sync": 8}
+PER_SHAPE = 2  # (stages, split) variants per tile shape, the model's best
+TOP_PER_STAGE = 3  # measured-best tilings per stage that are then paired under every sync choice
+CHAIN_COMBOS = (("stream", "row", "block", "serial"), ("tile", "row", "block", "two_stream"),
+                ("tile", "col", "block", "two_stream"), ("tile", "row", "ticket", "fused"),
+                ("tile", "col", "ticket", "fused"), ("row", "row", "ticket", "fused"),
+                ("row", "row", "block", "two_stream"))
 
-    feas = load_space(space_path).feasible(chain, device)
-    rng = np.random.default_rng(seed)
-    seeds = [*coverage(chain), *streaming(chain)]
-    out = list(dict.fromkeys([*feas.baselines(), *[c for c in seeds if feas.contains(c) is None]]))
-    want, tries = len(out) + sample, 0
-    while len(out) < want and tries < 50 * sample:
-        c = feas.sample(rng)
-        tries += 1
-        if c not in out:
-            out.append(c)
+
+def stage_candidates(feas, j: int, device) -> list[StageTiles]:
+    """Feasible tilings of stage ``j`` worth timing alone. The model is too coarse to rank tile
+    shapes reliably, so every shape (block tile, K chunk, warp grid) gets a turn, with the two
+    pipeline depth and split-K choices the model likes best for it; per instruction kind, the
+    shapes whose best variant the model ranks first come first, up to that kind's cap."""
+    from .model import stage_seconds
+
+    out: list[StageTiles] = []
+    for kind, keep in STAGE_CANDIDATES.items():
+        grids = sorted((g for g in feas.tilings[j] if g.tiles.mma == kind), key=lambda g: stage_seconds(g, device))
+        shapes: dict[tuple, list[StageTiles]] = {}
+        for g in grids:
+            t = g.tiles
+            variants = shapes.setdefault((t.bm, t.bn, t.bk, t.wm, t.wn), [])
+            if len(variants) < PER_SHAPE:
+                variants.append(t)
+        out += [t for variants in shapes.values() for t in variants][:keep]
+    return out
+
+
+def chain_configs(chain: Chain, feas, best: list[list[StageTiles]]) -> list[Config]:
+    """The space's stream baselines, then every pairing of each stage's measured-best tilings
+    under each sync choice that the space and the sync checker accept."""
+    from .checker import check
+
+    out = list(feas.baselines())
+    for tiles in product(*best):
+        for combo in CHAIN_COMBOS:
+            c = Config(tuple(tiles), *combo)
+            if c not in out and feas.contains(c) is None:
+                out.append(c)
     return [c for c in out if check(chain, c) is None]
 
 
@@ -49,34 +76,64 @@ def _precompile(chains_configs: list[tuple[Chain, Config]], arch: str, jobs: int
         pass
 
 
+STAGE_ALONE = ("stream", "row", "block", "serial")
+
+
 def run_bench(workload: str, tokens: list[int], sample: int, seed: int, out: Path, space_path: Path,
               jobs: int = 0, log=print) -> dict[str, Any]:
-    """Measure everything for every token count; returns (and writes) the summary."""
+    """Measure everything for every token count; returns (and writes) the summary.
+
+    Two passes per size: each stage's candidate tilings are timed alone (``sample`` caps
+    them per stage), then the best few per stage are paired under every sync choice and the
+    whole chains are timed. Every config is verified before it is timed.
+    """
     import os
 
     from .backends.gpu import GpuBackend
     from .backends.replay import write_recording
     from .baselines import floor_us, gemm_rate, measure_baselines, read_bandwidth
+    from .space import load_space
 
     backend = GpuBackend(seed=seed)
     dev = backend.device_info()
     wl = get_workload(workload)
+    space = load_space(space_path)
+    jobs = jobs or os.cpu_count() or 4
     chains = [wl.chain(**{wl.sweep_param: t}) for t in tokens]
-    plan = [(ch, cfg) for ch in chains for cfg in _configs(ch, dev, space_path, sample, seed)]
+    feas = {ch.label: space.feasible(ch, dev) for ch in chains}
+    records: list[dict[str, Any]] = []
+
+    # Pass 1: every stage alone.
+    alone = [(ch, j, ch.alone(j), t) for ch in chains for j in range(len(ch.stages))
+             for t in stage_candidates(feas[ch.label], j, dev)[:sample]]
     t0 = time.time()
-    _precompile(plan, dev.arch, jobs or os.cpu_count() or 4)
-    log(f"compiled {len(plan)} configs in {time.time() - t0:.1f}s")
+    _precompile([(a, Config((t,), *STAGE_ALONE)) for _, _, a, t in alone], dev.arch, jobs)
+    log(f"stage sweep: compiled {len(alone)} single-stage configs in {time.time() - t0:.1f}s")
+    timed: dict[tuple[str, int], list[tuple[float, StageTiles]]] = {}
+    for ch, j, a, t in alone:
+        m = backend.measure(a, Config((t,), *STAGE_ALONE))
+        records.append({"label": a.label, "config": Config((t,), *STAGE_ALONE).to_dict(), "measurement": m.to_dict()})
+        if m.ok:
+            timed.setdefault((ch.label, j), []).append((m.median_us, t))
+    best = {ch.label: [[t for _, t in sorted(timed.get((ch.label, j), []), key=lambda x: x[0])[:TOP_PER_STAGE]]
+                       for j in range(len(ch.stages))] for ch in chains}
+
+    # Pass 2: whole chains.
+    plan = [(ch, cfg) for ch in chains for cfg in chain_configs(ch, feas[ch.label], best[ch.label])]
+    t0 = time.time()
+    _precompile(plan, dev.arch, jobs)
+    log(f"chain pass: compiled {len(plan)} configs in {time.time() - t0:.1f}s")
     rate = gemm_rate()
     bw = read_bandwidth(max(ch.min_bytes for ch in chains))
     log(f"measured ceilings: read bandwidth {bw / 1e12:.2f} TB/s, fp16 GEMM {rate / 1e12:.0f} TFLOP/s")
     command = "python -m tuner " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py") else ""
     out.parent.mkdir(parents=True, exist_ok=True)
     rec_path = out.with_name(out.name.replace(".bench.json", "") + ".measurements.json")
-    records, rows = [], []
+    rows = []
     summary: dict[str, Any] = {}
     for ch in chains:
         cfgs = [c for c2, c in plan if c2 is ch]
-        best: dict[str, tuple[float, Config]] = {}
+        found: dict[str, tuple[float, Config]] = {}
         fails: dict[str, int] = {}
         for cfg in cfgs:
             m = backend.measure(ch, cfg)
@@ -85,18 +142,19 @@ def run_bench(workload: str, tokens: list[int], sample: int, seed: int, out: Pat
                 fails[m.reason] = fails.get(m.reason, 0) + 1
                 continue
             kind = "stream" if cfg.policy == "stream" else "tile"
-            if kind not in best or m.median_us < best[kind][0]:
-                best[kind] = (m.median_us, cfg)
+            if kind not in found or m.median_us < found[kind][0]:
+                found[kind] = (m.median_us, cfg)
         p = backend.problem(ch)
         base = measure_baselines(ch, p.xs[0], p.ws[0])
         fl = floor_us(ch, bw, rate)
-        ours = min(v[0] for v in best.values()) if best else float("nan")
+        ours = min(v[0] for v in found.values()) if found else float("nan")
         row = {"label": ch.label, "tokens": ch.size_dict[wl.sweep_param], "floor_us": round(fl, 2),
                "baselines_us": base, "configs": len(cfgs), "failures": fails,
-               "stream_us": best.get("stream", (None,))[0], "tile_us": best.get("tile", (None,))[0],
+               "stage_configs": sum(1 for c, *_ in alone if c is ch),
+               "stream_us": found.get("stream", (None,))[0], "tile_us": found.get("tile", (None,))[0],
                "tuned_us": ours,
-               "stream_config": best["stream"][1].to_dict() if "stream" in best else None,
-               "tile_config": best["tile"][1].to_dict() if "tile" in best else None}
+               "stream_config": found["stream"][1].to_dict() if "stream" in found else None,
+               "tile_config": found["tile"][1].to_dict() if "tile" in found else None}
         rows.append(row)
         log(_row_text(row))
         # Written after every size, so an interrupted bench keeps what it measured.
@@ -143,5 +201,6 @@ def main(args) -> int:
     tokens = list(args.tokens or wl.sweep)
     out = Path(args.out or f"studies/{args.workload}.bench.json")
     space = home() / "search_spaces" / f"{args.workload}.toml"
-    run_bench(args.workload, tokens, args.trials or 40, getattr(args, "seed", 0) or 0, out, space)
+    run_bench(args.workload, tokens, args.trials or sum(STAGE_CANDIDATES.values()), getattr(args, "seed", 0) or 0,
+              out, space)
     return 0

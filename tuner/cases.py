@@ -21,9 +21,9 @@ def combos() -> list[tuple[str, str, str, str]]:
 def tiles_for(chain: Chain, split: tuple[int, int] = (1, 1), mma: str = "sync") -> tuple[StageTiles, ...]:
     """A reasonable tiling for the chain's token count: short tiles at small M."""
     m = chain.stages[0].m
-    if mma == "wgmma":
+    if mma != "sync":
         wm = 1 if m <= 64 else 2
-        return tuple(StageTiles(64 * wm, 128, 64, wm, 1, 4, s, "wgmma") for s in split)
+        return tuple(StageTiles(64 * wm, 128, 64, wm, 1, 4, s, mma) for s in split)
     if m <= 16:
         return (StageTiles(16, 128, 64, 1, 4, 4, split[0]), StageTiles(16, 128, 64, 1, 4, 4, split[1]))
     if m <= 64:

@@ -142,9 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("bench", "measure a workload's configs on the GPU and record them", _cmd_bench)
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
     sizes(p, fixed=False)
-    p.add_argument("--trials", type=_positive_int, metavar="N", help="random feasible configs to measure per size, "
-                   "besides the baselines and one config per policy/order/dispatch/launch combination")
-    p.add_argument("--seed", type=_non_negative_int, default=0, metavar="N", help="seed of the random sample")
+    p.add_argument("--trials", type=_positive_int, metavar="N",
+                   help="tilings per stage timed alone in the first pass (default: all the sweep proposes, 52); "
+                        "the best 3 per stage are then paired under each sync choice and the chains timed")
+    p.add_argument("--seed", type=_non_negative_int, default=0, metavar="N", help="seed of the random inputs")
     p.add_argument("--out", type=Path, metavar="PATH",
                    help="summary JSON (default: studies/<workload>.bench.json); the recording of every "
                         "measurement goes beside it as <name>.measurements.json")

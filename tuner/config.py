@@ -12,8 +12,10 @@ from .workloads import Chain, GemmStage
 
 TILE_FIELDS = ("bm", "bn", "bk", "wm", "wn", "stages", "split_k", "mma")
 # Tile fields that name a choice rather than count something, with their accepted values.
-# "sync": mma.sync warps (any sm_80+); "wgmma": Hopper warpgroup MMAs from swizzled shared memory.
-TILE_CHOICES: dict[str, tuple[str, ...]] = {"mma": ("sync", "wgmma")}
+# "sync": mma.sync warps (any sm_80+); "wgmma": Hopper warpgroup MMAs from swizzled shared memory
+# filled by cp.async; "wgmma_tma": the same MMAs, shared memory filled by the Tensor Memory Accelerator.
+TILE_CHOICES: dict[str, tuple[str, ...]] = {"mma": ("sync", "wgmma", "wgmma_tma")}
+WARPGROUP_MMAS = ("wgmma", "wgmma_tma")
 TILE_DEFAULTS: dict[str, Any] = {"split_k": 1, "mma": "sync"}  # what records made before a field existed mean
 GLOBAL_FIELDS = ("policy", "order", "dispatch", "launch")
 
@@ -33,7 +35,8 @@ def cdiv(a: int, b: int) -> int:
 class StageTiles:
     """Tiling of one GEMM stage: block tile, warp grid, pipeline depth, split-K and MMA instruction.
 
-    With ``mma="wgmma"``, ``wm`` x ``wn`` counts warpgroups (four warps each, 64 rows apiece)."""
+    With a warpgroup MMA (``wgmma``, ``wgmma_tma``), ``wm`` x ``wn`` counts warpgroups (four warps
+    each, 64 rows apiece)."""
 
     bm: int
     bn: int
@@ -45,8 +48,14 @@ class StageTiles:
     mma: str = "sync"
 
     @property
+    def warpgroup(self) -> bool:
+        """Whether the stage computes with Hopper warpgroup MMAs."""
+        return self.mma in WARPGROUP_MMAS
+
+    @property
     def warps(self) -> int:
-        return self.wm * self.wn * (4 if self.mma == "wgmma" else 1)
+        """Warps per block; the TMA variant adds one producer warp that only issues copies."""
+        return self.wm * self.wn * (4 if self.warpgroup else 1) + (self.mma == "wgmma_tma")
 
     @property
     def threads(self) -> int:
@@ -54,9 +63,10 @@ class StageTiles:
 
     def smem_bytes(self) -> int:
         """Shared memory of the cp.async ring: A and B tiles, rows padded by 16 bytes for mma.sync;
-        swizzled unpadded rows plus 1 KiB of alignment slack for wgmma."""
-        if self.mma == "wgmma":
-            return self.stages * (self.bm + self.bn) * self.bk * 2 + 1024
+        swizzled unpadded rows plus 1 KiB of alignment slack for wgmma, and two 8-byte mbarriers
+        (full, empty) per slot when the TMA fills them."""
+        if self.warpgroup:
+            return self.stages * (self.bm + self.bn) * self.bk * 2 + 1024 + (16 * self.stages if self.mma == "wgmma_tma" else 0)
         row = self.bk * 2 + 16
         return self.stages * (self.bm + self.bn) * row
 
@@ -134,6 +144,6 @@ class Config:
 
     def short(self) -> str:
         """A compact one-line description for tables and logs."""
-        t = " | ".join(f"{x.bm}x{x.bn}x{x.bk} {'g' if x.mma == 'wgmma' else 'w'}{x.wm}x{x.wn} s{x.stages}"
+        t = " | ".join(f"{x.bm}x{x.bn}x{x.bk} {dict(wgmma='g', wgmma_tma='t').get(x.mma, 'w')}{x.wm}x{x.wn} s{x.stages}"
                        + (f" k{x.split_k}" if x.split_k > 1 else "") for x in self.tiles)
         return f"{self.policy}/{self.launch}/{self.order}-{self.dispatch} [{t}]"

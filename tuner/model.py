@@ -16,14 +16,14 @@ from .workloads import Chain
 
 SMEM_PER_SM = 228 * 1024  # bytes; each block also reserves 1 KiB
 REGS_PER_SM = 65536
-LATENCY_S = 1.0e-6  # DRAM round trip under load: bytes in flight per block / this caps its read rate
-RATES = {"sync": 300e12, "wgmma": 650e12}  # fp16 tensor-core FLOP/s each instruction reaches (H200, measured)
+LATENCY_S = 2.0e-6  # DRAM round trip under load: bytes in flight per block / this caps its read rate
+RATES = {"sync": 300e12, "wgmma": 650e12, "wgmma_tma": 650e12}  # fp16 tensor-core FLOP/s each instruction reaches (H200, measured)
 BANDWIDTH = 3.8e12  # B/s, what a 300 MB weight read reaches on the H200 (measured)
 
 
 def registers(t: StageTiles) -> int:
     """Estimated registers per thread: the accumulators plus a fixed overhead."""
-    if t.mma == "wgmma":
+    if t.warpgroup:
         return (t.bn // t.wn) // 2 + 56
     wtm, wtn = t.bm // t.wm, t.bn // t.wn
     return wtm * wtn // 32 + (wtm // 16) * 4 + (wtn // 8) * 2 + 40
@@ -47,7 +47,7 @@ def stage_seconds(g: StageGrid, device: DeviceInfo, bandwidth: float = BANDWIDTH
     rows = min(t.bm, st.m)
     bytes_block = (rows + t.bn) * k_elems * 2
     flops_block = 2 * t.bm * t.bn * k_elems
-    in_flight = max(1, t.stages - (2 if t.mma == "wgmma" else 1)) * t.bn * t.bk * 2
+    in_flight = max(1, t.stages - {"sync": 1, "wgmma": 2, "wgmma_tma": 1}[t.mma]) * t.bn * t.bk * 2
     per_sm_rate = RATES[t.mma] / device.sms
     total, left = 0.0, g.blocks
     while left > 0:
@@ -62,13 +62,13 @@ def stage_seconds(g: StageGrid, device: DeviceInfo, bandwidth: float = BANDWIDTH
 
 
 def _tilings(m: int, mma: str) -> Iterable[StageTiles]:
-    bms = [64, 128] if mma == "wgmma" else [16, 32, 64, 128]
+    bms = [64, 128] if mma != "sync" else [16, 32, 64, 128]
     for bm, bn, bk, wn, stages, split in product(bms, (64, 128, 256), (64, 128), (1, 2), range(3, 9),
                                                (1, 2, 3, 4, 6, 8, 12, 16)):
-        if bm > max(64 if mma == "wgmma" else 16, 1 << max(0, (m - 1).bit_length())):
+        if bm > max(64 if mma != "sync" else 16, 1 << max(0, (m - 1).bit_length())):
             continue
-        if mma == "wgmma":
-            yield StageTiles(bm, bn, bk, bm // 64, wn, stages, split, "wgmma")
+        if mma != "sync":
+            yield StageTiles(bm, bn, bk, bm // 64, wn, stages, split, mma)
         else:
             wm = max(1, min(4, bm // 32))
             yield StageTiles(bm, bn, bk, wm, wn * 2, stages, split)

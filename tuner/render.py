@@ -37,6 +37,19 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class TensorMap:
+    """A TMA descriptor the kernels need: a row-major fp16 matrix, read in boxes of 64 columns
+    (one 128-byte swizzle atom) by ``box_rows`` rows. ``slot`` is its index in the kernels'
+    ``tmaps`` array (128 bytes each); ``operand`` names the buffer: ``x``, ``w<i>`` or ``y<i>``."""
+
+    slot: int
+    operand: str
+    rows: int
+    cols: int
+    box_rows: int
+
+
+@dataclass(frozen=True)
 class Rendered:
     """A rendered source, its hash, and how to run it."""
 
@@ -46,6 +59,7 @@ class Rendered:
     state_words: int  # u32 semaphores/counters, zeroed once at allocation, never reset
     ws_floats: int  # split-K partial sums
     err_word: int
+    tensor_maps: tuple[TensorMap, ...] = ()
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -117,6 +131,12 @@ def _smem(grid: StageGrid) -> int:
     return grid.tiles.smem_bytes()
 
 
+def a_rows(m: int, bm: int) -> int:
+    """Rows of A a TMA stage requests: the tile's, or M rounded up to whole 8-row swizzle groups
+    when the matrix is shorter (a box reaching far past the edge costs time for nothing)."""
+    return min(bm, -(-m // 8) * 8)
+
+
 def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
     """Render ``config`` for ``chain``; the config is trusted to satisfy the space's constraints."""
     if fault not in FAULTS:
@@ -128,17 +148,23 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
     err_word = words.take(1)
     ws = 0
     stages = []
+    maps: list[TensorMap] = []
     for i, g in enumerate(grids):
         st, tl = g.stage, g.tiles
         entry = dict(index=i, name=st.name, M=st.m, N=st.n, K=st.k, NOUT=st.n_out, epilogue=st.epilogue,
                      **order_env(g), KS=g.ks, KC=g.kc, blocks=g.blocks, threads=tl.threads,
                      BM=tl.bm, BN=tl.bn, BK=tl.bk, WM=tl.wm, WN=tl.wn, STAGES=tl.stages, MMA=tl.mma,
+                     A_ROWS=a_rows(st.m, tl.bm),
                      order_m=order.m.c, order_n=order.n.c, order_s=order.s.c,
                      wait=None, post=None, started=None, guard=None, ticket=None, ws_base=0, arrive_base=0)
         if tl.split_k > 1:
             entry["ws_base"] = ws
             ws += tl.split_k * st.m * st.n
             entry["arrive_base"] = words.take(g.mt * g.nt)
+        if tl.mma == "wgmma_tma":
+            a_name = "x" if st.a_from is None else f"y{st.a_from}"
+            maps += [TensorMap(2 * i, a_name, st.m, st.k, a_rows(st.m, tl.bm)),
+                     TensorMap(2 * i + 1, f"w{i}", st.n, st.k, tl.bn)]
         if config.dispatch == "ticket" and config.launch != "fused":
             entry["ticket"] = words.take(1)
         stages.append(entry)
@@ -146,7 +172,8 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
         for i in range(1, len(grids)):
             env = pair_env(grids[i - 1], grids[i])
             base = words.take(policy.sems(env))
-            stages[i - 1]["post"] = dict(env=env, sem_base=base, sem=policy.post_sem.c)
+            stages[i - 1]["post"] = dict(env=env, sem_base=base, sem=policy.post_sem.c,
+                                         tma_consumer=config.tiles[i].mma == "wgmma_tma")
             stages[i]["wait"] = dict(env=env, sem_base=base, doc=f"sync policy '{policy.name}': {policy.doc}",
                                      when=policy.wait_when.c, lo=policy.wait_row_lo.c, hi=policy.wait_row_hi.c,
                                      sem=policy.wait_sem.c, count=policy.wait_count.c)
@@ -161,7 +188,7 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
         label=chain.label, config_short=config.short(), stages=stages, launch=config.launch,
         dispatch=config.dispatch, fault=fault, err_word=err_word, fused_ticket=fused_ticket,
         total_blocks=total_blocks, threads=threads,
-        headers=_headers({t.bn // t.wn for t in config.tiles if t.mma == "wgmma"}))
+        headers=_headers({t.bn // t.wn for t in config.tiles if t.warpgroup}))
     if config.launch == "fused":
         launches: tuple[Launch, ...] = (Launch("fused_kernel", total_blocks, threads, max(map(_smem, grids)), 0),)
     else:
@@ -173,4 +200,4 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
             out.append(Launch(f"stage{i}_kernel", g.blocks, g.tiles.threads, _smem(g), stream))
         launches = tuple(out)
     digest = hashlib.sha256(source.encode()).hexdigest()
-    return Rendered(source, digest, launches, max(words.n, 1), max(ws, 1), err_word)
+    return Rendered(source, digest, launches, max(words.n, 1), max(ws, 1), err_word, tuple(maps))

@@ -181,6 +181,7 @@ def next_pow2(x: int) -> int:
 
 
 WGMMA_ARCHS = ("sm_90", "sm_90a")  # warpgroup MMAs exist on Hopper only
+WG_OVERHEAD_REGS = 56  # registers a warpgroup kernel needs besides its accumulators (ptxas reports 26-52)
 
 
 def warp_tile(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
@@ -188,7 +189,7 @@ def warp_tile(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
     and a multiple of 8 columns up to 256, over whole 64-wide swizzle atoms of K, with a ring of
     at least three slots (one stays under the MMAs in flight)."""
     t = g.tiles
-    if t.mma == "wgmma":
+    if t.warpgroup:
         if dev.arch not in WGMMA_ARCHS:
             return f"wgmma needs a Hopper GPU ({' or '.join(WGMMA_ARCHS)}), not {dev.arch}"
         wgn = t.bn // t.wn
@@ -219,8 +220,13 @@ def accumulators(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
     wgmma reads both operands from shared memory). Past the cap the compiler spills (the CI
     compile test holds this bound to the compiler's report)."""
     t = g.tiles
-    if t.mma == "wgmma":
+    if t.warpgroup:
         regs = 64 * (t.bn // t.wn) // 128
+        # ptxas hands out registers per warpgroup, so a producer warp costs a whole warpgroup's share.
+        budget = 65536 // (-(-t.threads // 128) * 128) // 8 * 8
+        if regs + WG_OVERHEAD_REGS > budget:
+            return (f"{regs} accumulator registers plus {WG_OVERHEAD_REGS} others exceed the {budget} per thread "
+                    f"that {t.threads} threads leave")
     else:
         wtm, wtn = t.bm // t.wm, t.bn // t.wn
         regs = wtm * wtn // 32 + (wtm // 16) * 4 + (wtn // 8) * 2
@@ -239,7 +245,7 @@ def shared_memory(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
 
 def tile_height(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
     """A tile taller than the next power of two of M only computes padding (wgmma's least is 64)."""
-    cap = max(64 if g.tiles.mma == "wgmma" else 16, next_pow2(g.stage.m))
+    cap = max(64 if g.tiles.warpgroup else 16, next_pow2(g.stage.m))
     if g.tiles.bm > cap:
         return f"BM={g.tiles.bm} is taller than needed for M={g.stage.m} (at most {cap})"
     return None

@@ -76,6 +76,12 @@ class Chain:
     def flops(self) -> int:
         return sum(s.flops for s in self.stages)
 
+    def alone(self, j: int) -> "Chain":
+        """Stage ``j`` as a chain of its own (its A operand an external input), to time it alone."""
+        st = self.stages[j]
+        return Chain(f"{self.workload}.{st.name}", self.size,
+                     (GemmStage(st.name, st.m, st.n, st.k, st.epilogue),), self.dtype)
+
     @property
     def min_bytes(self) -> int:
         """Fewest bytes the chain must move: external inputs, weights and final output once."""

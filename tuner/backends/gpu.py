@@ -15,6 +15,7 @@ from typing import Any
 from ..config import Config
 from ..render import Rendered, render
 from ..workloads import Chain
+from . import tensormap
 from .base import Backend, DeviceInfo, Measurement
 
 VERIFY_TOL = 1e-2  # relative Frobenius error allowed for fp16 outputs against the float32 reference
@@ -123,19 +124,31 @@ class Runner:
             if l.smem > 48 * 1024:
                 f.max_dynamic_shared_size_bytes = l.smem
             self.funcs[l.kernel] = f
+        # TMA descriptors name buffers, so each input set has its own (a null array when unused).
+        slots = 2 * len(problem.ys)
+        self.tmaps = [tensormap.pack(rendered.tensor_maps, self.buffers(s), slots) if rendered.tensor_maps
+                      else cp.zeros(1, dtype=cp.uint64) for s in range(len(problem.xs))]
         self.epoch = 0
         self.streams = [cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)]
         self.fork = cp.cuda.Event(disable_timing=True)
         self.join = cp.cuda.Event(disable_timing=True)
         cp.cuda.Device().synchronize()  # the zeroed state must land before the first run
 
+    def buffers(self, s: int) -> dict[str, Any]:
+        """Input set ``s``'s buffers by the names kernels and tensor maps use: x, w<i>, y<i>."""
+        p = self.problem
+        out = {"x": p.xs[s]}
+        for i, (w, y) in enumerate(zip(p.ws[s], p.ys)):
+            out[f"w{i}"], out[f"y{i}"] = w, y
+        return out
+
     def args(self, s: int) -> tuple:
         cp = _cp()
-        p = self.problem
-        out: list[Any] = [p.xs[s]]
-        for w, y in zip(p.ws[s], p.ys):
-            out += [w, y]
-        return (*out, self.wsbuf, self.state, cp.uint32(self.epoch))
+        b = self.buffers(s)
+        out: list[Any] = [b["x"]]
+        for i in range(len(self.problem.ys)):
+            out += [b[f"w{i}"], b[f"y{i}"]]
+        return (*out, self.wsbuf, self.state, cp.uint32(self.epoch), self.tmaps[s])
 
     def enqueue(self, s: int = 0) -> None:
         """Enqueue one run of the chain on stream 0 (stream 1 forks from and joins into it)."""
@@ -222,7 +235,7 @@ class GpuBackend(Backend):
                 runner = Runner(rendered, module, self.problem(chain))
             finally:
                 os.unlink(fh.name)
-        except cp.cuda.driver.CUDADriverError as exc:
+        except (cp.cuda.driver.CUDADriverError, RuntimeError, ValueError) as exc:  # incl. a TMA descriptor refused
             return None, Measurement.failed("launch", f"load: {exc}", **base)
         return runner, Measurement(ok=True, **base)
 

@@ -11,7 +11,7 @@ def main():
     items = []
     for wl, size in sizes:
         ch = get_workload(wl).chain(**size)
-        items += [((ch.label, c.short()), render(ch, c).source) for mma in ("sync", "wgmma") for c in coverage(ch, mma)]
+        items += [((ch.label, c.short()), render(ch, c).source) for mma in ("sync", "wgmma", "wgmma_tma") for c in coverage(ch, mma)]
     n = sum(1 for k, m in compile_many(items, target_arch("sm_90"), int(sys.argv[1])) if not isinstance(m, Exception))
     print(f"{n} of {len(items)} compiled")
 
