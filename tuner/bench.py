@@ -104,17 +104,17 @@ def run_bench(workload: str, tokens: list[int], sample: int, seed: int, out: Pat
     records: list[dict[str, Any]] = []
 
     # Pass 1: every stage alone.
-    alone = [(ch, j, ch.alone(j), t) for ch in chains for j in range(len(ch.stages))
+    alone = [(ch, j, ch.alone(j), Config((t,), *STAGE_ALONE)) for ch in chains for j in range(len(ch.stages))
              for t in stage_candidates(feas[ch.label], j, dev)[:sample]]
     t0 = time.time()
-    _precompile([(a, Config((t,), *STAGE_ALONE)) for _, _, a, t in alone], dev.arch, jobs)
+    _precompile([(a, cfg) for _, _, a, cfg in alone], dev.arch, jobs)
     log(f"stage sweep: compiled {len(alone)} single-stage configs in {time.time() - t0:.1f}s")
     timed: dict[tuple[str, int], list[tuple[float, StageTiles]]] = {}
-    for ch, j, a, t in alone:
-        m = backend.measure(a, Config((t,), *STAGE_ALONE))
-        records.append({"label": a.label, "config": Config((t,), *STAGE_ALONE).to_dict(), "measurement": m.to_dict()})
+    for ch, j, a, cfg in alone:
+        m = backend.measure(a, cfg)
+        records.append({"label": a.label, "config": cfg.to_dict(), "measurement": m.to_dict()})
         if m.ok:
-            timed.setdefault((ch.label, j), []).append((m.median_us, t))
+            timed.setdefault((ch.label, j), []).append((m.median_us, cfg.tiles[0]))
     best = {ch.label: [[t for _, t in sorted(timed.get((ch.label, j), []), key=lambda x: x[0])[:TOP_PER_STAGE]]
                        for j in range(len(ch.stages))] for ch in chains}
 

@@ -38,19 +38,3 @@ def coverage(chain: Chain, mma: str = "sync") -> list[Config]:
         split = (2, 2) if i % 3 == 1 else (1, 1)
         out.append(Config(tiles_for(chain, split, mma), p, o, d, l))
     return out
-
-
-def streaming(chain: Chain) -> list[Config]:
-    """Weight-streaming tilings for a few tokens: short tiles, long contiguous K chunks, split-K.
-
-    At small M the chain is a read of the weights; long K chunks keep each row's reads
-    contiguous. A heuristic seed set for ``bench``, not a constraint: every one is still
-    checked against the space.
-    """
-    if chain.stages[0].m > 16:
-        return []
-    out = []
-    for bn, bk, split in product((32, 64), (128, 256), (4, 8)):
-        t = StageTiles(16, bn, bk, 1, bn // 16, 4, split)
-        out += [Config((t, t), "stream", "row", "block", "serial"), Config((t, t), "row", "row", "ticket", "fused")]
-    return out

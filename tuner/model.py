@@ -1,18 +1,15 @@
 """A coarse time model of one stage on a device, used only to choose which configs to try first.
 
-The model never stands in for a measurement: it orders seed configs (``bench`` and the
-study's first trials) so that the measured budget goes to tilings that fill the GPU's
-waves and keep enough weight bytes in flight. Every figure it produces is an estimate.
+The model never stands in for a measurement: it orders the tilings ``bench`` times first,
+so that the measured budget goes to tilings that fill the GPU's waves and keep enough
+weight bytes in flight. Every figure it produces is an estimate.
 """
 from __future__ import annotations
 
 import math
-from itertools import product
-from typing import Iterable
 
 from .backends.base import DeviceInfo
-from .config import Config, StageGrid, StageTiles
-from .workloads import Chain
+from .config import StageGrid, StageTiles
 
 SMEM_PER_SM = 228 * 1024  # bytes; each block also reserves 1 KiB
 REGS_PER_SM = 65536
@@ -59,48 +56,3 @@ def stage_seconds(g: StageGrid, device: DeviceInfo, bandwidth: float = BANDWIDTH
     if t.split_k > 1:
         total += 2 * t.split_k * st.m * st.n * 4 / bandwidth  # partial sums written, then read back
     return total
-
-
-def _tilings(m: int, mma: str) -> Iterable[StageTiles]:
-    bms = [64, 128] if mma != "sync" else [16, 32, 64, 128]
-    for bm, bn, bk, wn, stages, split in product(bms, (64, 128, 256), (64, 128), (1, 2), range(3, 9),
-                                               (1, 2, 3, 4, 6, 8, 12, 16)):
-        if bm > max(64 if mma != "sync" else 16, 1 << max(0, (m - 1).bit_length())):
-            continue
-        if mma != "sync":
-            yield StageTiles(bm, bn, bk, bm // 64, wn, stages, split, mma)
-        else:
-            wm = max(1, min(4, bm // 32))
-            yield StageTiles(bm, bn, bk, wm, wn * 2, stages, split)
-
-
-def ranked_tilings(chain: Chain, device: DeviceInfo, mma: str, keep: int, feasible=None) -> list[list[StageTiles]]:
-    """Per stage, the ``keep`` tilings the model expects to be fastest (``feasible``: a predicate on a
-    StageGrid, e.g. the search space's stage constraints)."""
-    out = []
-    for st in chain.stages:
-        grids = [StageGrid(st, t) for t in _tilings(st.m, mma)]
-        grids = [g for g in grids if (feasible is None or feasible(g)) and g.ks * (g.tiles.split_k - 1) < g.kc
-                 and blocks_per_sm(g.tiles) > 0]
-        grids.sort(key=lambda g: (round(stage_seconds(g, device) * 1e7), -g.tiles.stages, g.tiles.split_k))
-        out.append([g.tiles for g in grids[:keep]])
-    return out
-
-
-SEED_COMBOS = (("stream", "row", "block", "serial"), ("tile", "row", "ticket", "fused"),
-               ("row", "row", "ticket", "fused"), ("tile", "row", "block", "two_stream"))
-
-
-def seeds(chain: Chain, device: DeviceInfo, keep: int = 4, mmas: Iterable[str] = ("wgmma",),
-          feasible=None) -> list[Config]:
-    """Configs pairing each stage's model-ranked tilings (k-th with k-th) under the common sync choices."""
-    out: list[Config] = []
-    for mma in mmas:
-        ranked = ranked_tilings(chain, device, mma, keep, feasible)
-        for k in range(min(len(r) for r in ranked)):
-            tiles = tuple(r[k] for r in ranked)
-            for combo in SEED_COMBOS:
-                cfg = Config(tiles, *combo)
-                if cfg not in out:
-                    out.append(cfg)
-    return out

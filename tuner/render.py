@@ -40,7 +40,8 @@ class Launch:
 class TensorMap:
     """A TMA descriptor the kernels need: a row-major fp16 matrix, read in boxes of 64 columns
     (one 128-byte swizzle atom) by ``box_rows`` rows. ``slot`` is its index in the kernels'
-    ``tmaps`` array (128 bytes each); ``operand`` names the buffer: ``x``, ``w<i>`` or ``y<i>``."""
+    ``tmaps`` array (128 bytes each; slots are numbered from 0 without gaps); ``operand`` names
+    the buffer: ``x``, ``w<i>`` or ``y<i>``."""
 
     slot: int
     operand: str
@@ -163,8 +164,10 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
             entry["arrive_base"] = words.take(g.mt * g.nt)
         if tl.mma == "wgmma_tma":
             a_name = "x" if st.a_from is None else f"y{st.a_from}"
-            maps += [TensorMap(2 * i, a_name, st.m, st.k, a_rows(st.m, tl.bm)),
-                     TensorMap(2 * i + 1, f"w{i}", st.n, st.k, tl.bn)]
+            # The kernel addresses descriptors in u64 words: 16 per 128-byte descriptor.
+            entry["tma_a"], entry["tma_b"] = 16 * len(maps), 16 * (len(maps) + 1)
+            maps += [TensorMap(len(maps), a_name, st.m, st.k, a_rows(st.m, tl.bm)),
+                     TensorMap(len(maps) + 1, f"w{i}", st.n, st.k, tl.bn)]
         if config.dispatch == "ticket" and config.launch != "fused":
             entry["ticket"] = words.take(1)
         stages.append(entry)

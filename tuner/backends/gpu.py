@@ -125,8 +125,7 @@ class Runner:
                 f.max_dynamic_shared_size_bytes = l.smem
             self.funcs[l.kernel] = f
         # TMA descriptors name buffers, so each input set has its own (a null array when unused).
-        slots = 2 * len(problem.ys)
-        self.tmaps = [tensormap.pack(rendered.tensor_maps, self.buffers(s), slots) if rendered.tensor_maps
+        self.tmaps = [tensormap.pack(rendered.tensor_maps, self.buffers(s)) if rendered.tensor_maps
                       else cp.zeros(1, dtype=cp.uint64) for s in range(len(problem.xs))]
         self.epoch = 0
         self.streams = [cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)]

@@ -35,12 +35,12 @@ def encode(ptr: int, rows: int, cols: int, box_rows: int) -> bytes:
     return ctypes.string_at(desc.getPtr(), DESCRIPTOR_BYTES)
 
 
-def pack(maps: Sequence[TensorMap], buffers: Mapping[str, Any], slots: int) -> Any:
-    """A device array of ``slots`` descriptors with ``maps`` filled in from CuPy ``buffers`` by name."""
+def pack(maps: Sequence[TensorMap], buffers: Mapping[str, Any]) -> Any:
+    """A device array holding the descriptors of ``maps`` in their slots, from CuPy ``buffers`` by name."""
     import cupy as cp
     import numpy as np
 
-    host = np.zeros(max(1, slots) * DESCRIPTOR_BYTES, dtype=np.uint8)
+    host = np.zeros(max(1, len(maps)) * DESCRIPTOR_BYTES, dtype=np.uint8)
     for m in maps:
         buf = buffers[m.operand]
         if buf.shape != (m.rows, m.cols):

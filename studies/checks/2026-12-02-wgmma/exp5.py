@@ -1,4 +1,6 @@
 """Experiment: wgmma tilings (model-ranked, diversified) vs our previous best vs cuBLAS/PyTorch, one process."""
+# Ran against the working tree between commits 64bbd26 and a3e8c22; the model helpers it imports
+# (_tilings, SEED_COMBOS) have since left tuner/model.py, so it does not run at later commits.
 import json, os, sys, time
 from pathlib import Path
 from tuner.backends.gpu import GpuBackend
