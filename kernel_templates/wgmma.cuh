@@ -123,17 +123,24 @@ __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
 __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
+// CLUSTER: acquire at cluster scope, for a barrier that blocks of the cluster arrive on.
+template <bool CLUSTER = false>
 __device__ __forceinline__ bool mbar_try_wait(u32 bar, u32 parity) {
   u32 done;
-  asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-               : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  if constexpr (CLUSTER)
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  else
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
   return done;
 }
 // Bounded like every other wait: a copy that never completes sets the error flag instead of hanging.
+template <bool CLUSTER = false>
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity, u32* err) {
-  if (mbar_try_wait(bar, parity)) return;
+  if (mbar_try_wait<CLUSTER>(bar, parity)) return;
   const u64 start = tuner_globaltimer();
-  while (!mbar_try_wait(bar, parity)) {
+  while (!mbar_try_wait<CLUSTER>(bar, parity)) {
     if (tuner_globaltimer() - start > TUNER_SPIN_NS) {
       atomicExch(err, 1u);
       return;
@@ -151,24 +158,56 @@ __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence
 __device__ __forceinline__ void mbar_arrive(u32 bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
+// Arrive on the mbarrier at the same shared-memory offset in cluster block `rank` (itself included).
+// Release at CTA scope, like a local arrive: it only has to follow this warp's wgmma reads of the
+// slot, which wgmma.wait_group already retired (a cluster-scope release costs ~40% of a GEMM).
+__device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 rank) {
+  asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+               "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar), "r"(rank) : "memory");
+}
+// The copy lands at the same offset, and completes bytes on the same barrier, in every block of `mask`.
+__device__ __forceinline__ void tma_load_2d_multicast(u32 dst, const void* map, u32 bar, int inner, int outer,
+                                                      unsigned short mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;"
+      ::"r"(dst), "l"(map), "r"(inner), "r"(outer), "r"(bar), "h"(mask) : "memory");
+}
+__device__ __forceinline__ u32 cluster_rank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// Every thread of every block in the cluster; also a block-wide barrier.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
 
 // A_ROWS: rows of A each stage requests, fewer than BM when the whole matrix has fewer rows
 // (rows past it only feed outputs that are never stored, and a box far past the edge is slow).
-template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int A_ROWS_>
+// CM x CN: the cluster of blocks sharing copies; rank r computes tile (r % CM, r / CM) of it.
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int A_ROWS_, int CM_, int CN_>
 struct TileTMA : TileWG<BM_, BN_, BK_, WM_, WN_, STAGES_> {
   using Base = TileWG<BM_, BN_, BK_, WM_, WN_, STAGES_>;
   static constexpr int A_ROWS = A_ROWS_;
+  static constexpr int CM = CM_, CN = CN_, CLUSTER = CM_ * CN_;
   static constexpr int MMA_THREADS = Base::THREADS;
   static constexpr int THREADS = MMA_THREADS + 32;  // + one producer warp that only issues copies
   static constexpr int TX_BYTES = (A_ROWS + BN_) * BK_ * 2;
   static constexpr int SMEM_BYTES = Base::SMEM_BYTES + 2 * STAGES_ * 8;  // + full and empty mbarriers
   static_assert(A_ROWS % 8 == 0 && A_ROWS <= BM_, "whole 8-row swizzle groups of A");
+  static_assert(CLUSTER >= 1 && CLUSTER <= 8, "a portable cluster has at most 8 blocks");
 };
 
 // Same contract as mainloop_wg(), warp-specialized: the last warp's first lane issues every
 // copy (after `wait_one(kc, first)` for the A operand of chunk kc, so the MMA warps never stop
 // for a producer tile they are not yet reading), the MMA warps only wait for full slots and
 // hand each slot back once the MMAs reading it have retired. No block-wide barrier in the loop.
+//
+// In a cluster, the block of rank (rm, 0) fetches A for its row of blocks and the block of rank
+// (0, rn) fetches B for its column, each multicast to all of them; every block still expects
+// all TX_BYTES on its own full barrier. A slot is refilled only once every block of the
+// cluster has handed it back: each MMA warp arrives on that slot's empty barrier in all of them.
 template <class T, class WaitOne>
 __device__ __forceinline__ void mainloop_tma(float (&acc)[T::MI][T::NI][4], const void* mapA, const void* mapB,
                                              int m0, int n0, int kc_begin, int kc_end, half_t* smem_in,
@@ -177,6 +216,7 @@ __device__ __forceinline__ void mainloop_tma(float (&acc)[T::MI][T::NI][4], cons
   const u32 sA = smem_u32(smem), sB = sA + T::STAGES * T::A_BYTES;
   const u32 full = sB + T::STAGES * T::B_BYTES, empty = full + T::STAGES * 8;
   const int nk = kc_end - kc_begin;
+  constexpr int MMA_WARPS = T::MMA_THREADS / 32;
 
 #pragma unroll
   for (int j = 0; j < T::NI; ++j)
@@ -186,27 +226,44 @@ __device__ __forceinline__ void mainloop_tma(float (&acc)[T::MI][T::NI][4], cons
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::STAGES; ++s) {
       mbar_init(full + s * 8, 1);
-      mbar_init(empty + s * 8, T::MMA_THREADS);
+      mbar_init(empty + s * 8, T::CLUSTER * MMA_WARPS);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  __syncthreads();
+  if constexpr (T::CLUSTER > 1) cluster_sync();  // no copy or arrive reaches a barrier before its init
+  else __syncthreads();
 
   if (threadIdx.x >= T::MMA_THREADS) {
     if (threadIdx.x == T::MMA_THREADS) {
+      const u32 rank = T::CLUSTER > 1 ? cluster_rank() : 0u, rm = rank % T::CM, rn = rank / T::CM;
+      unsigned short a_mask = 0, b_mask = 0;  // blocks sharing this block's A rows / B columns
+#pragma unroll
+      for (int j = 0; j < T::CN; ++j) a_mask |= (unsigned short)(1u << (rm + j * T::CM));
+#pragma unroll
+      for (int i = 0; i < T::CM; ++i) b_mask |= (unsigned short)(1u << (i + rn * T::CM));
       for (int it = 0; it < nk; ++it) {
         const int kc = kc_begin + it, slot = it % T::STAGES;
         const u32 bar = full + slot * 8;
-        if (it >= T::STAGES) mbar_wait(empty + slot * 8, ((it / T::STAGES) - 1) & 1, err);
+        if (it >= T::STAGES) mbar_wait<(T::CLUSTER > 1)>(empty + slot * 8, ((it / T::STAGES) - 1) & 1, err);
         mbar_expect_tx(bar, T::TX_BYTES);
+        if (rm == 0) {
 #pragma unroll
-        for (int atom = 0; atom < T::ATOMS; ++atom)
-          tma_load_2d(sB + slot * T::B_BYTES + atom * T::BN * 128, mapB, bar, kc * T::BK + atom * 64, n0);
-        wait_one(kc, it == 0);
-        fence_proxy_async_global();
+          for (int atom = 0; atom < T::ATOMS; ++atom) {
+            const u32 dst = sB + slot * T::B_BYTES + atom * T::BN * 128;
+            if constexpr (T::CM > 1) tma_load_2d_multicast(dst, mapB, bar, kc * T::BK + atom * 64, n0, b_mask);
+            else tma_load_2d(dst, mapB, bar, kc * T::BK + atom * 64, n0);
+          }
+        }
+        if (rn == 0) {
+          wait_one(kc, it == 0);
+          fence_proxy_async_global();
 #pragma unroll
-        for (int atom = 0; atom < T::ATOMS; ++atom)
-          tma_load_2d(sA + slot * T::A_BYTES + atom * T::BM * 128, mapA, bar, kc * T::BK + atom * 64, m0);
+          for (int atom = 0; atom < T::ATOMS; ++atom) {
+            const u32 dst = sA + slot * T::A_BYTES + atom * T::BM * 128;
+            if constexpr (T::CN > 1) tma_load_2d_multicast(dst, mapA, bar, kc * T::BK + atom * 64, m0, a_mask);
+            else tma_load_2d(dst, mapA, bar, kc * T::BK + atom * 64, m0);
+          }
+        }
       }
     }
   } else {
@@ -225,10 +282,21 @@ __device__ __forceinline__ void mainloop_tma(float (&acc)[T::MI][T::NI][4], cons
           wgmma_k16(acc[0], wgmma_desc(a + atom * T::BM * 128 + kk * 32),
                     wgmma_desc(b + atom * T::BN * 128 + kk * 32));
       wgmma_commit();
-      wgmma_wait<1>();  // the MMAs of iteration it-1 have retired: their slot goes back to the producer
-      if (it > 0) mbar_arrive(empty + ((it - 1) % T::STAGES) * 8);
+      wgmma_wait<1>();  // the MMAs of iteration it-1 have retired: their slot goes back to the producers
+      if (it > 0) {  // one arrival per warp and block: lane r arrives in the block of rank r
+        const u32 bar = empty + ((it - 1) % T::STAGES) * 8, lane = threadIdx.x % 32;
+        __syncwarp();
+        if constexpr (T::CLUSTER > 1) {
+          if (lane < T::CLUSTER) mbar_arrive_cluster(bar, lane);
+        } else if (lane == 0) {
+          mbar_arrive(bar);
+        }
+      }
     }
     wgmma_wait<0>();
   }
-  __syncthreads();  // the ring may be reused by the caller; every copy issued has been consumed
+  // The ring may be reused by the caller, and (in a cluster) no block may leave while a peer
+  // still multicasts into it or arrives on its barriers.
+  if constexpr (T::CLUSTER > 1) cluster_sync();
+  else __syncthreads();
 }

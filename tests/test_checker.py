@@ -9,7 +9,7 @@ import pytest
 
 from tuner.checker import (Protocol, Schedule, check, check_deadlock, check_epochs, check_order, check_soundness,
                            evaluate, first_read, producer_cols, simulate)
-from tuner.config import Config, StageTiles
+from tuner.config import Config, StageGrid, StageTiles
 from tuner.expr import Expr
 from tuner.sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES, TileOrder, launch_allowed, pair_env
 from tuner.workloads import get_workload
@@ -54,6 +54,11 @@ def test_array_evaluation_matches_expr_one_value_at_a_time(text):
     names = sorted(expr.names)
     grid = {n: rng.integers(1, 9, size=64) for n in names}
     grid.update({n: rng.integers(0, 2, size=64) for n in names if n == "first"})
+    for count, cluster in (("MT", "CM"), ("NT", "CN")):  # tile grids divide into whole clusters
+        if cluster in grid:
+            grid[cluster] = rng.integers(1, 3, size=64)
+            if count in grid:
+                grid[count] = grid[count] * grid[cluster]
     arrays = evaluate(expr, grid, (64,))
     for i in range(64):
         assert arrays[i] == expr({n: int(grid[n][i]) for n in names}), {n: int(grid[n][i]) for n in names}
@@ -108,6 +113,23 @@ def test_llama_with_its_folded_output_is_proven(policy):
 def test_shipped_tile_orders_hand_out_every_tile_and_split_once(chain):
     for order, grid in itertools.product(ORDERS.values(), config("split-k").grids(chain)):
         assert check_order(grid, order) is None
+
+
+@pytest.mark.parametrize("cm,cn", [(2, 1), (1, 2), (2, 2)])
+def test_clustered_tile_orders_hand_out_every_tile_once_and_keep_clusters_adjacent(chain, cm, cn):
+    from tuner.checker import tile_order
+
+    for order in ORDERS.values():
+        for t in config("split-k").tiles:
+            g = StageGrid(GPT3.chain(tokens=512).stages[0], replace(t, mma="wgmma_tma", bm=128, wm=2, cm=cm, cn=cn))
+            assert check_order(g, order) is None
+            m, n, s = tile_order(g, order)
+            c = cm * cn
+            # the blocks of one cluster: one cluster tile, one split, ranks M-fastest
+            assert (m[::c] % cm == 0).all() and (n[::c] % cn == 0).all()
+            for r in range(c):
+                assert (m[r::c] == m[::c] + r % cm).all() and (n[r::c] == n[::c] + r // cm).all()
+                assert (s[r::c] == s[::c]).all()
 
 
 def test_several_runs_without_a_reset_stay_correct(chain):

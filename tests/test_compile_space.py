@@ -9,7 +9,7 @@ import pytest
 
 from tuner import compile as tc
 from tuner.backends.base import DeviceInfo
-from tuner.cases import combos, coverage
+from tuner.cases import clustered, combos, coverage
 from tuner.checker import check
 from tuner.paths import home
 from tuner.render import render
@@ -34,7 +34,7 @@ def variants(per_size: int, seed: int = 0):
         for size in sizes:
             chain = WORKLOADS[name].chain(**size)
             fs = space.feasible(chain, H200)
-            picked = [c for c in coverage(chain) if fs.contains(c) is None]
+            picked = [c for c in coverage(chain) + clustered(chain) if fs.contains(c) is None]
             while len(picked) < len(combos()) + per_size:
                 c = fs.sample(rng)
                 if c not in picked and check(chain, c) is None:
@@ -75,6 +75,7 @@ def test_every_combination_and_a_sample_of_the_space_compile_without_spills(tmp_
     assert len(sources) >= 200, f"only {len(sources)} distinct variants"
     assert {(c.policy, c.order, c.dispatch, c.launch) for _, c in pairs} == set(combos())
     assert {s.epilogue for ch, _ in pairs for s in ch.stages} == {"gelu", "silu_mul", "none"}
+    assert {(t.cm, t.cn) for _, c in pairs for t in c.tiles} >= {(2, 1), (1, 2)}
     bad = problems(sources, results)
     with capsys.disabled():
         print(f"\ncompiled {len(sources)} distinct generated variants for sm_90 on the CPU in {seconds:.1f}s")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.cases import combos, coverage
+from tuner.cases import clustered, combos, coverage
 from tuner.workloads import get_workload
 
 pytestmark = pytest.mark.gpu
@@ -36,6 +36,16 @@ def test_every_combination_is_correct(backend, workload, size, mma):
             failures.append(f"{cfg.short()}: {m.reason}: {m.message}")
     assert not failures, "\n".join(failures)
     assert len(coverage(chain)) == len(combos())
+
+
+@pytest.mark.parametrize("size", [ODD, dict(tokens=64), dict(tokens=256)],
+                         ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_clusters_sharing_tma_copies_are_correct(backend, size):
+    chain = get_workload("gpt3").chain(**size)
+    cfgs = clustered(chain)
+    assert cfgs
+    failures = [f"{c.short()}: {m.reason}: {m.message}" for c in cfgs if not (m := backend.measure(chain, c)).ok]
+    assert not failures, "\n".join(failures)
 
 
 @pytest.mark.parametrize("mma", ["sync", "wgmma", "wgmma_tma"])

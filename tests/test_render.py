@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from tuner.backends.base import DeviceInfo
-from tuner.cases import coverage
+from tuner.cases import clustered, coverage
 from tuner.render import render
 from tuner.workloads import get_workload
 
@@ -24,3 +24,13 @@ def test_launch_problems_name_the_kernel_and_the_resource_that_does_not_fit():
     problems = r.launch_problems(too_many_regs, small)
     assert any("stage0_kernel" in p and "registers" in p for p in problems)
     assert any("shared memory" in p for p in problems)
+
+
+def test_a_clustered_stage_kernel_declares_its_cluster_and_the_launch_grid_divides_into_it():
+    chain = get_workload("gpt3").chain(tokens=256)
+    for cfg in clustered(chain):
+        r = render(chain, cfg)
+        for i, t in enumerate(cfg.tiles):
+            launch = next(l for l in r.launches if l.kernel == f"stage{i}_kernel")
+            declared = f"__cluster_dims__({t.cluster}, 1, 1)\nstage{i}_kernel(" in r.source
+            assert declared == (t.cluster > 1) and launch.grid % t.cluster == 0, cfg.short()

@@ -35,9 +35,13 @@ def tiny_chain():
     return get_workload("gpt3").chain(tokens=16, hidden=256, ffn=128)
 
 
-def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, max_regs: int) -> bool:
+def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, max_regs: int,
+                       max_cluster: int = 8) -> bool:
     """The constraints restated from their definitions, independently of the solver."""
     for st, t in zip(chain.stages, cfg.tiles):
+        if t.cm * t.cn > 1 and (t.mma != "wgmma_tma" or t.cm * t.cn > max_cluster or -(-st.m // t.bm) % t.cm
+                                or -(-st.n // t.bn) % t.cn or cfg.dispatch != "block" or cfg.launch == "fused"):
+            return False
         kc = -(-st.k // t.bk)
         ks = -(-kc // t.split_k)
         m_cap = max(16, 1 << (st.m - 1).bit_length())
@@ -99,6 +103,25 @@ def test_exact_count_matches_brute_force_with_wgmma_tilings():
     assert set(fs) == brute
 
 
+# Clusters: only TMA tilings, only in block dispatch outside a fused launch, only whole cluster tiles.
+TINY_CL = {**TINY, "stage": {"bm": [64], "bn": [64], "bk": [64], "wm": [1], "wn": [1], "stages": [3],
+                             "split_k": [1, 3], "mma": ["wgmma", "wgmma_tma"], "cm": [1, 2], "cn": [1, 2]},
+           "limits": {"max_threads": 256, "max_tile_regs": 128, "max_cluster": 2}}
+
+
+def test_exact_count_matches_brute_force_with_clusters():
+    chain = get_workload("gpt3").chain(tokens=128, hidden=256, ffn=192)  # gemm1 2x3 tiles, gemm2 2x4
+    fs = parse_space(TINY_CL, "tiny_cl.toml").feasible(chain, WG_DEVICE)
+    brute = {c for c in all_configs(TINY_CL) if reference_feasible(chain, c, WG_DEVICE, 256, 128, max_cluster=2)}
+    assert set(fs) == brute
+    clustered = [c for c in brute if any(t.cluster > 1 for t in c.tiles)]
+    assert clustered and all(c.dispatch == "block" and c.launch != "fused" for c in clustered)
+    assert any(c.tiles[0].cn == 1 and c.tiles[1].cn == 2 for c in clustered)  # gemm1's 3 columns cannot pair
+    assert not any(c.tiles[0].cn == 2 for c in clustered)
+    blamed = {fs.contains(c).split(":")[0] for c in all_configs(TINY_CL) if c not in brute}
+    assert {"cluster", "cluster_launch"} <= blamed
+
+
 def test_wgmma_is_infeasible_off_hopper():
     fs = parse_space(TINY_WG, "tiny_wg.toml").feasible(tiny_chain(), DeviceInfo("ampere", arch="sm_80"))
     assert fs.size > 0 and not any(t.mma != "sync" for c in fs for t in c.tiles)
@@ -122,8 +145,8 @@ def test_grid_order_depends_on_the_seed_only(tiny):
 
 def test_contains_agrees_with_brute_force_and_names_the_constraint(tiny):
     fs, brute = tiny
-    named = {name for name, _ in STAGE_CONSTRAINTS} | {"launch_mode", "policy_requires", "fused_threads"}
-    seen_names = set()
+    named = ({name for name, _ in STAGE_CONSTRAINTS} | {"launch_mode", "policy_requires", "fused_threads"}) - {"cluster"}
+    seen_names = set()  # (clusters have their own space below)
     for cfg in all_configs(TINY):
         why = fs.contains(cfg)
         assert (why is None) == (cfg in brute), (cfg, why)

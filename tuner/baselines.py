@@ -143,9 +143,16 @@ def time_torch(fn: Callable[[], Any], warmup: int = 5, reps: int = 30) -> list[f
     return [a.elapsed_time(b) * 1000.0 for a, b in evs]
 
 
+def baseline_timers(chain: Chain, x, ws) -> dict[str, Callable[[int, int], list[float]]]:
+    """Every baseline available here, by name, as ``timer(warmup, reps) -> per-call µs``."""
+    cupy_fn = cupy_chain(chain, x, ws)
+    out: dict[str, Callable[[int, int], list[float]]] = {"cupy cublas": lambda w, r: time_events(cupy_fn, w, r)}
+    for name, fn in torch_chains(chain, x, ws).items():
+        out[name] = lambda w, r, fn=fn: time_torch(fn, w, r)
+    return out
+
+
 def measure_baselines(chain: Chain, x, ws, warmup: int = 5, reps: int = 30) -> dict[str, float]:
     """Median µs of every baseline available here, by name."""
-    out = {"cupy cublas": median(time_events(cupy_chain(chain, x, ws), warmup, reps))}
-    for name, fn in torch_chains(chain, x, ws).items():
-        out[name] = median(time_torch(fn, warmup, reps))
+    out = {name: median(timer(warmup, reps)) for name, timer in baseline_timers(chain, x, ws).items()}
     return {k: round(v, 3) for k, v in out.items() if not math.isnan(v)}

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from itertools import product
 
+from dataclasses import replace
+
 from .config import Config, StageTiles
-from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES, launch_allowed
+from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, launch_allowed
 from .workloads import Chain
 
 
@@ -37,4 +39,20 @@ def coverage(chain: Chain, mma: str = "sync") -> list[Config]:
     for i, (p, o, d, l) in enumerate(combos()):
         split = (2, 2) if i % 3 == 1 else (1, 1)
         out.append(Config(tiles_for(chain, split, mma), p, o, d, l))
+    return out
+
+
+def clustered(chain: Chain) -> list[Config]:
+    """TMA configs whose stages run in clusters of 2x1 and 1x2 blocks (where the tile grid
+    divides), under every combination that allows clusters, alternating split-K."""
+    out = []
+    for i, (p, o, d, l) in enumerate(c for c in combos() if cluster_allowed(c[2], c[3]) is None):
+        for cm, cn in ((2, 1), (1, 2)):
+            split = (2, 2) if i % 2 else (1, 1)
+            tiles = []
+            for g in Config(tiles_for(chain, split, "wgmma_tma"), p, o, d, l).grids(chain):
+                ok = g.mt % cm == 0 and g.nt % cn == 0
+                tiles.append(replace(g.tiles, cm=cm, cn=cn) if ok else g.tiles)
+            if any(t.cluster > 1 for t in tiles):
+                out.append(Config(tuple(tiles), p, o, d, l))
     return out

@@ -10,13 +10,13 @@ from typing import Any, Mapping
 
 from .workloads import Chain, GemmStage
 
-TILE_FIELDS = ("bm", "bn", "bk", "wm", "wn", "stages", "split_k", "mma")
+TILE_FIELDS = ("bm", "bn", "bk", "wm", "wn", "stages", "split_k", "mma", "cm", "cn")
 # Tile fields that name a choice rather than count something, with their accepted values.
 # "sync": mma.sync warps (any sm_80+); "wgmma": Hopper warpgroup MMAs from swizzled shared memory
 # filled by cp.async; "wgmma_tma": the same MMAs, shared memory filled by the Tensor Memory Accelerator.
 TILE_CHOICES: dict[str, tuple[str, ...]] = {"mma": ("sync", "wgmma", "wgmma_tma")}
 WARPGROUP_MMAS = ("wgmma", "wgmma_tma")
-TILE_DEFAULTS: dict[str, Any] = {"split_k": 1, "mma": "sync"}  # what records made before a field existed mean
+TILE_DEFAULTS: dict[str, Any] = {"split_k": 1, "mma": "sync", "cm": 1, "cn": 1}  # what records made before a field existed mean
 GLOBAL_FIELDS = ("policy", "order", "dispatch", "launch")
 
 
@@ -33,10 +33,13 @@ def cdiv(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class StageTiles:
-    """Tiling of one GEMM stage: block tile, warp grid, pipeline depth, split-K and MMA instruction.
+    """Tiling of one GEMM stage: block tile, warp grid, pipeline depth, split-K, MMA instruction
+    and thread-block cluster.
 
     With a warpgroup MMA (``wgmma``, ``wgmma_tma``), ``wm`` x ``wn`` counts warpgroups (four warps
-    each, 64 rows apiece)."""
+    each, 64 rows apiece). ``cm`` x ``cn`` blocks computing neighbouring tiles form one cluster
+    (``wgmma_tma`` only): each A slab is fetched once and multicast to the ``cn`` blocks that read
+    it, each B slab to the ``cm`` blocks, which cuts the traffic from L2."""
 
     bm: int
     bn: int
@@ -46,6 +49,13 @@ class StageTiles:
     stages: int
     split_k: int = 1
     mma: str = "sync"
+    cm: int = 1
+    cn: int = 1
+
+    @property
+    def cluster(self) -> int:
+        """Blocks per cluster."""
+        return self.cm * self.cn
 
     @property
     def warpgroup(self) -> bool:
@@ -145,5 +155,6 @@ class Config:
     def short(self) -> str:
         """A compact one-line description for tables and logs."""
         t = " | ".join(f"{x.bm}x{x.bn}x{x.bk} {dict(wgmma='g', wgmma_tma='t').get(x.mma, 'w')}{x.wm}x{x.wn} s{x.stages}"
-                       + (f" k{x.split_k}" if x.split_k > 1 else "") for x in self.tiles)
+                       + (f" k{x.split_k}" if x.split_k > 1 else "")
+                       + (f" c{x.cm}x{x.cn}" if x.cluster > 1 else "") for x in self.tiles)
         return f"{self.policy}/{self.launch}/{self.order}-{self.dispatch} [{t}]"

@@ -154,13 +154,13 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
         st, tl = g.stage, g.tiles
         entry = dict(index=i, name=st.name, M=st.m, N=st.n, K=st.k, NOUT=st.n_out, epilogue=st.epilogue,
                      **order_env(g), KS=g.ks, KC=g.kc, blocks=g.blocks, threads=tl.threads,
-                     BM=tl.bm, BN=tl.bn, BK=tl.bk, WM=tl.wm, WN=tl.wn, STAGES=tl.stages, MMA=tl.mma,
+                     BM=tl.bm, BN=tl.bn, BK=tl.bk, WM=tl.wm, WN=tl.wn, STAGES=tl.stages, MMA=tl.mma, CLUSTER=tl.cluster,
                      A_ROWS=a_rows(st.m, tl.bm),
                      order_m=order.m.c, order_n=order.n.c, order_s=order.s.c,
                      wait=None, post=None, started=None, guard=None, ticket=None, ws_base=0, arrive_base=0)
         if tl.split_k > 1:
             entry["ws_base"] = ws
-            ws += tl.split_k * st.m * st.n
+            ws += tl.split_k * g.mt * g.nt * tl.bm * tl.bn  # whole tiles of partial sums per split
             entry["arrive_base"] = words.take(g.mt * g.nt)
         if tl.mma == "wgmma_tma":
             a_name = "x" if st.a_from is None else f"y{st.a_from}"

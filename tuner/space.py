@@ -29,12 +29,13 @@ from . import UsageError
 from .backends.base import DeviceInfo
 from .config import GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
 from .expr import Expr
-from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES, launch_allowed
+from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, launch_allowed
 from .tomlfile import did_you_mean, read_toml
 from .workloads import Chain
 
 HW_MAX_THREADS = 1024  # threads per block on every CUDA architecture the templates target
 HW_MAX_REGS = 255  # registers per thread
+HW_MAX_CLUSTER = 8  # blocks per thread-block cluster (the portable size)
 
 
 class SpaceError(UsageError):
@@ -60,6 +61,7 @@ class Limits:
 
     max_threads: int = HW_MAX_THREADS
     max_tile_regs: int = HW_MAX_REGS
+    max_cluster: int = HW_MAX_CLUSTER
 
 
 LIMIT_KEYS = tuple(Limits.__dataclass_fields__)
@@ -266,6 +268,22 @@ def split_k(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
     return None
 
 
+def cluster(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
+    """Clusters multicast TMA copies (Hopper, ``wgmma_tma``); their blocks compute a whole
+    cluster tile, so the tile grid must divide into cluster tiles."""
+    t = g.tiles
+    if t.cluster == 1:
+        return None
+    if t.mma != "wgmma_tma":
+        return f"a {t.cm}x{t.cn} cluster multicasts TMA copies; mma={t.mma} has none"
+    cap = min(lim.max_cluster, HW_MAX_CLUSTER)
+    if t.cluster > cap:
+        return f"a {t.cm}x{t.cn} cluster exceeds {cap} blocks"
+    if g.mt % t.cm or g.nt % t.cn:
+        return f"the {g.mt}x{g.nt} tile grid does not divide into {t.cm}x{t.cn} clusters"
+    return None
+
+
 StageConstraint = Callable[[StageGrid, Limits, DeviceInfo], "str | None"]
 
 # Per stage: judged on one stage's grid alone.
@@ -277,12 +295,20 @@ STAGE_CONSTRAINTS: tuple[tuple[str, StageConstraint], ...] = (
     ("tile_height", tile_height),
     ("tile_width", tile_width),
     ("split_k", split_k),
+    ("cluster", cluster),
 )
 
 
 def launch_mode(policy: str, order: str, dispatch: str, launch: str) -> str | None:
     """Which policy/launch/dispatch combinations exist at all (see :func:`tuner.sync.launch_allowed`)."""
     return launch_allowed(policy, launch, dispatch)
+
+
+def cluster_launch(dispatch: str, launch: str, grids: Sequence[StageGrid]) -> str | None:
+    """Clustered stages need their blocks in hardware order (see :func:`tuner.sync.cluster_allowed`)."""
+    clustered = [g.stage.name for g in grids if g.tiles.cluster > 1]
+    why = cluster_allowed(dispatch, launch) if clustered else None
+    return f"{', '.join(clustered)}: {why}" if why else None
 
 
 def _grid_env(g: StageGrid, idx: str) -> dict[str, int]:
@@ -312,8 +338,8 @@ def fused_threads(launch: str, grids: Sequence[StageGrid]) -> str | None:
     return None
 
 
-# Across the chain: the first two read the sync choices, the last reads the tilings too.
-CHAIN_CONSTRAINTS = ("launch_mode", "policy_requires", "fused_threads")
+# Across the chain: the first two read the sync choices, the others read the tilings too.
+CHAIN_CONSTRAINTS = ("launch_mode", "policy_requires", "fused_threads", "cluster_launch")
 
 
 # ---------------------------------------------------------------------------
@@ -440,7 +466,7 @@ def baseline_key(g: StageGrid, sms: int) -> tuple:
     t = g.tiles
     fits = g.blocks <= 2 * sms
     return (not fits, -g.blocks if fits else g.blocks, t.split_k, abs(t.warps - 4), -t.bk, abs(t.stages - 3),
-            t.bm, t.bn, t.wm, t.wn)
+            t.bm, t.bn, t.wm, t.wn, t.cluster)
 
 
 class FeasibleSet:
@@ -493,11 +519,13 @@ class FeasibleSet:
         return None
 
     def _plan(self, combo: tuple[str, str, str, str]) -> _Plan:
-        policy, _order, _dispatch, launch = combo
-        key = (policy, launch == "fused")
+        policy, _order, dispatch, launch = combo
+        clusters = cluster_allowed(dispatch, launch) is None
+        key = (policy, launch == "fused", clusters)
         if key not in self._plans:
             pol = POLICIES[policy]
-            self._plans[key] = _Plan(self.chain, self.tilings, pol.requires if pol else None, key[1])
+            tilings = self.tilings if clusters else [[g for g in gs if g.tiles.cluster == 1] for gs in self.tilings]
+            self._plans[key] = _Plan(self.chain, tilings, pol.requires if pol else None, key[1])
         return self._plans[key]
 
     # -- public interface
@@ -538,7 +566,7 @@ class FeasibleSet:
                        "only in the serial launch, the others in two_stream or fused, and fused needs ticket dispatch)")
         if not out and self._explicit is None:
             out.append("every combination of stage tilings breaks a cross-stage constraint "
-                       "(policy_requires or fused_threads)")
+                       "(policy_requires, fused_threads or cluster_launch)")
         if not out and self._explicit is not None:
             out.append(f"none of the {self._explicit_from} recorded configs is inside the search space")
         return out
@@ -583,6 +611,9 @@ class FeasibleSet:
         why = fused_threads(config.launch, grids)
         if why is not None:
             return f"fused_threads: {why}"
+        why = cluster_launch(config.dispatch, config.launch, grids)
+        if why is not None:
+            return f"cluster_launch: {why}"
         return None
 
     def unrank(self, i: int) -> Config:

@@ -8,7 +8,7 @@ producer stage (``1``): ``m1``, ``n1`` (its tile), ``BM1``, ``BN1``, ``MT1``, ``
 consumer stage (``2``): ``m2`` (its tile), ``kc`` (the K chunk about to be loaded,
 counted over the whole reduction), ``first`` (1 on a split's first chunk),
 ``BM2``, ``BK2``, ``MT2``; ``r`` is the producer tile row a wait loop visits.
-Tile orders read ``t`` (ticket), ``MT``, ``NT``, ``S`` (split count).
+Tile orders read ``t`` (ticket), ``MT``, ``NT``, ``S`` (split count), ``CM``, ``CN`` (cluster shape).
 """
 from __future__ import annotations
 
@@ -70,7 +70,12 @@ POLICIES: dict[str, SyncPolicy | None] = {
 
 @dataclass(frozen=True)
 class TileOrder:
-    """Maps a dispatch ticket ``t`` to a tile ``(m, n)`` and split ``s``; splits of a tile are adjacent."""
+    """Maps a dispatch ticket ``t`` to a tile ``(m, n)`` and split ``s``; splits of a tile are adjacent.
+
+    With clusters of ``CM`` x ``CN`` blocks, consecutive tickets form a cluster: the order walks
+    clusters (``t // (CM * CN)``) over the ``MT/CM`` x ``NT/CN`` grid of cluster tiles, and a
+    block's rank in its cluster (``t % (CM * CN)``, M fastest) picks its tile inside.
+    """
 
     name: str
     m: Expr
@@ -78,9 +83,18 @@ class TileOrder:
     s: Expr
 
 
+def _clustered(m: str, n: str) -> tuple[Expr, Expr, Expr]:
+    """An order over cluster tiles, written with ``q`` (cluster index), ``MTC``, ``NTC``, turned
+    into block tiles."""
+    q, mtc, ntc = "(t // (CM * CN))", "(MT // CM)", "(NT // CN)"
+    sub = lambda e: e.replace("MTC", mtc).replace("NTC", ntc).replace("q", q)
+    return (Expr(f"{sub(m)} * CM + (t % (CM * CN)) % CM"), Expr(f"{sub(n)} * CN + (t % (CM * CN)) // CM"),
+            Expr(f"{q} % S"))
+
+
 ORDERS: dict[str, TileOrder] = {
-    "row": TileOrder("row", m=Expr("t // (NT * S)"), n=Expr("(t // S) % NT"), s=Expr("t % S")),
-    "col": TileOrder("col", m=Expr("(t // S) % MT"), n=Expr("t // (MT * S)"), s=Expr("t % S")),
+    "row": TileOrder("row", *_clustered(m="q // (NTC * S)", n="(q // S) % NTC")),
+    "col": TileOrder("col", *_clustered(m="(q // S) % MTC", n="q // (MTC * S)")),
 }
 
 # How a block gets its ticket: its blockIdx (hardware order), or an atomic counter
@@ -105,6 +119,15 @@ def launch_allowed(policy: str, launch: str, dispatch: str) -> str | None:
     return None
 
 
+def cluster_allowed(dispatch: str, launch: str) -> str | None:
+    """Why blocks of this dispatch/launch cannot form clusters, or None if they can. The blocks of
+    a cluster must compute the tiles of one cluster tile, which only the hardware's block order
+    guarantees: tickets are taken per block, and a fused launch mixes stages."""
+    if dispatch != "block" or launch == "fused":
+        return "thread-block clusters need block dispatch in a serial or two_stream launch"
+    return None
+
+
 def pair_env(producer: "StageGrid", consumer: "StageGrid") -> dict[str, int]:
     """Values of the constant names a policy formula reads, for one producer/consumer pair.
 
@@ -120,4 +143,4 @@ def pair_env(producer: "StageGrid", consumer: "StageGrid") -> dict[str, int]:
 
 def order_env(grid: "StageGrid") -> dict[str, int]:
     """Values of the constant names a tile order reads for one stage."""
-    return {"MT": grid.mt, "NT": grid.nt, "S": grid.tiles.split_k}
+    return {"MT": grid.mt, "NT": grid.nt, "S": grid.tiles.split_k, "CM": grid.tiles.cm, "CN": grid.tiles.cn}
