@@ -162,3 +162,26 @@ __device__ __forceinline__ void for_each_pair(int m0, int n0, F f) {
       for (int e = 0; e < 4; e += 2)
         f(i, j, e, m0 + wm0 + i * 16 + lane / 4 + (e ? 8 : 0), n0 + wn0 + j * 8 + (lane % 4) * 2);
 }
+
+// Split-K, the split that arrives last: add the other splits' partial sums into acc. Each split's
+// partials are contiguous, in fragment order (see the template), so these loads are coalesced.
+template <class T, int S>
+__device__ __forceinline__ void split_reduce(float (&acc)[T::MI][T::NI][4], const float4* part, int s) {
+  constexpr int FR = T::MI * T::NI;
+  const int tid = threadIdx.x;
+  if (tid >= T::MMA_THREADS) return;
+#pragma unroll 1
+  for (int s2 = 0; s2 < S; ++s2) {
+    if (s2 == s) continue;
+#pragma unroll
+    for (int i = 0; i < T::MI; ++i) {
+#pragma unroll
+      for (int j = 0; j < T::NI; ++j) {
+        const float4 v = __ldcg(part + ((size_t)s2 * FR + i * T::NI + j) * T::MMA_THREADS + tid);
+        acc[i][j][0] += v.x; acc[i][j][1] += v.y; acc[i][j][2] += v.z; acc[i][j][3] += v.w;
+        if (j % 4 == 3) __syncwarp();  // 4 loads in flight at a time (ptxas keeps loads behind it): no spills
+      }
+    }
+  }
+}
+

@@ -1,0 +1,53 @@
+"""What do the epilogue stores and the split-K tail cost? Timing only (variants that skip them
+are wrong on purpose and not verified), three medians of 30 each, after idle."""
+import dataclasses, hashlib, time
+from statistics import median
+import tuner.backends.gpu as gpu
+from tuner.render import render as real_render
+from tuner.config import Config, StageTiles as T
+from tuner.workloads import get_workload
+
+STORE = "if (col < N) *reinterpret_cast<u32*>(C + (size_t)row * N + col) = pack2(v0, v1);"
+current = {"cut": None}
+
+
+def patched(chain, config, fault="none"):
+    r = real_render(chain, config, fault)
+    src = r.source
+    if current["cut"] in ("no store", "no store, no split tail"):
+        assert STORE in src
+        src = src.replace(STORE, "if (col < N && v0 == 12345.f) *reinterpret_cast<u32*>(C + (size_t)row * N + col) = pack2(v0, v1);")
+    if current["cut"] in ("no split tail", "no store, no split tail"):
+        i, j = src.index("  // Split-K: each split stores"), src.index("  // Epilogue and store.")
+        src = src[:i] + src[j:]
+    return dataclasses.replace(r, source=src, hash=hashlib.sha256(src.encode()).hexdigest())
+
+
+def main():
+    gpu.render = patched
+    b = gpu.GpuBackend(seed=17)
+    wl = get_workload("gpt3")
+    plan = [(256, 1, T(128, 192, 64, 2, 1, 4, 1, "wgmma_tma", 2, 1), ("full", "no store")),
+            (256, 0, T(128, 192, 64, 2, 1, 4, 2, "wgmma_tma", 2, 1), ("full", "no store", "no split tail", "no store, no split tail")),
+            (256, 0, T(128, 96, 128, 2, 1, 4, 1, "wgmma_tma", 2, 1), ("full", "no store")),
+            (2048, 0, T(128, 192, 64, 2, 1, 4, 1, "wgmma_tma", 2, 1), ("full", "no store")),
+            (2048, 1, T(128, 192, 64, 2, 1, 4, 1, "wgmma_tma", 2, 1), ("full", "no store")),
+            (64, 0, T(64, 48, 256, 1, 1, 4, 1, "wgmma_tma"), ("full", "no store")),
+            (64, 1, T(64, 96, 128, 1, 1, 4, 1, "wgmma_tma"), ("full", "no store"))]
+    for tok, j, t, cuts in plan:
+        a = wl.chain(tokens=tok).alone(j)
+        c = Config((t,), "stream", "row", "block", "serial")
+        for cut in cuts:
+            current["cut"] = None if cut == "full" else cut
+            runner, m = b.load(a, c)
+            if runner is None:
+                print(a.label, cut, "LOAD FAIL", m.message[:200]); continue
+            ts = []
+            for _ in range(3):
+                time.sleep(0.3)
+                ts.append(median(runner.time(5, 30)))
+            print(f"{a.label:46s} {c.short():52s} {cut:24s} {' '.join('%.1f' % x for x in ts)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
