@@ -71,13 +71,11 @@ def stage_candidates(feas, j: int, device) -> list[StageTiles]:
 
 def cluster_variants(feas, j: int, tiles: list[StageTiles]) -> list[StageTiles]:
     """The feasible clustered versions of ``tiles`` (stage ``j``), one per shape in :data:`CLUSTERS`."""
-    from .config import StageGrid
-
     out = []
     for t in tiles:
         for cm, cn in CLUSTERS:
             v = replace(t, cm=cm, cn=cn)
-            if v != t and v not in out and feas._stage_reason(StageGrid(feas.chain.stages[j], v)) is None:
+            if v != t and v not in out and feas.accepts_tiling(j, v):
                 out.append(v)
     return out
 

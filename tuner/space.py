@@ -530,6 +530,10 @@ class FeasibleSet:
 
     # -- public interface
 
+    def accepts_tiling(self, j: int, tiles: StageTiles) -> bool:
+        """Whether stage ``j`` may use ``tiles`` (every per-stage constraint holds; the domain is not asked)."""
+        return self._stage_reason(StageGrid(self.chain.stages[j], tiles)) is None
+
     @property
     def explicit(self) -> bool:
         """True when narrowed to a list of configs."""

@@ -1,0 +1,91 @@
+"""The bench's choices that need no GPU: which tilings go on, which clusters are tried, how the
+final rounds interleave, and the table."""
+from __future__ import annotations
+
+from tuner import bench
+from tuner.backends.base import DeviceInfo
+from tuner.config import Config, StageTiles
+from tuner.paths import home
+from tuner.space import load_space
+from tuner.workloads import get_workload
+
+H200 = DeviceInfo("NVIDIA H200")
+T = StageTiles(128, 192, 64, 2, 1, 4, 1, "wgmma_tma")
+
+
+def feasible(tokens: int):
+    chain = get_workload("gpt3").chain(tokens=tokens)
+    return chain, load_space(home() / "search_spaces" / "gpt3.toml").feasible(chain, H200)
+
+
+def test_the_three_fastest_go_on_plus_the_fastest_unclustered_when_all_three_are_clustered():
+    a, b, c, d = (StageTiles(128, bn, 64, 2, 1, 4, 1, "wgmma_tma", 2, 1) for bn in (96, 128, 192, 256))
+    plain = StageTiles(128, 96, 64, 2, 1, 4)
+    assert bench.pick_best([(3.0, c), (1.0, a), (2.0, b), (9.0, plain), (4.0, d)]) == [a, b, c, plain]
+    assert bench.pick_best([(3.0, c), (1.0, a), (2.0, plain)]) == [a, plain, c]
+
+
+def test_cluster_variants_are_the_feasible_cluster_shapes_of_each_tiling():
+    _, fs = feasible(256)  # two 128-row tiles: both cluster shapes divide both stages
+    got = bench.cluster_variants(fs, 1, [T])
+    assert [(v.cm, v.cn) for v in got] == [(2, 1), (1, 2)] and all(v.bn == 192 for v in got)
+    _, fs64 = feasible(64)  # one row of 64-row tiles: no cluster along M
+    t64 = StageTiles(64, 96, 128, 1, 1, 4, 1, "wgmma_tma")
+    assert [(v.cm, v.cn) for v in bench.cluster_variants(fs64, 1, [t64])] == [(1, 2)]
+    assert bench.cluster_variants(fs64, 1, [StageTiles(64, 96, 64, 2, 2, 4)]) == []  # mma.sync has no TMA
+
+
+class FakeRunner:
+    def __init__(self, name, log, flag=0):
+        self.name, self.log, self.flag = name, log, flag
+
+    def time(self, warmup, reps):
+        self.log.append(self.name)
+        return [10.0 + len(self.log)] * reps
+
+    def error_flag(self):
+        return self.flag
+
+
+class FakeBackend:
+    def __init__(self, log, broken=()):
+        self.log, self.broken = log, broken
+
+    def load(self, chain, cfg):
+        from tuner.backends.base import Measurement
+
+        return FakeRunner(cfg.policy, self.log), Measurement(ok=True)
+
+    def verify(self, chain, runner):
+        return (0.0, "incorrect") if runner.name in self.broken else (0.001, None)
+
+    def problem(self, chain):
+        class P:
+            xs, ws = [None], [None]
+        return P()
+
+
+def test_final_rounds_interleave_every_contestant_and_leave_out_one_that_fails_verification(monkeypatch):
+    import tuner.baselines
+
+    log: list[str] = []
+    monkeypatch.setattr(tuner.baselines, "baseline_timers",
+                        lambda chain, x, ws: {"cublas": lambda w, r: log.append("cublas") or [50.0] * r})
+    chain = get_workload("gpt3").chain(tokens=64)
+    contestants = {"stream": Config((T, T), "stream", "row", "block", "serial"),
+                   "tile": Config((T, T), "tile", "row", "block", "two_stream")}
+    notes: list[str] = []
+    out = bench.final_rounds(FakeBackend(log, broken=("tile",)), chain, contestants, rounds=3, log=notes.append,
+                             idle_s=0)
+    assert log == ["stream", "cublas"] * 3
+    assert set(out) == {"stream", "cublas"} and len(out["stream"]) == 3
+    assert any("leave out tile" in n and "incorrect" in n for n in notes)
+
+
+def test_the_table_gives_ratios_to_every_baseline_and_the_floor():
+    row = {"tokens": 256, "floor_us": 100.0, "stream_us": 130.0, "tile_us": 125.0, "tuned_us": 125.0,
+           "baselines_us": {"cupy cublas": 137.5}}
+    text = bench.table({"rows": [row]})
+    head, line = text.splitlines()
+    cells = dict(zip(head.split("  "), line.split("  ")))
+    assert cells["tuned/floor"] == "1.25" and cells["x vs cupy cublas"] == "1.10" and cells["tile vs stream"] == "1.04"
