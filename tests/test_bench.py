@@ -2,6 +2,8 @@
 final rounds interleave, and the table."""
 from __future__ import annotations
 
+import json
+
 from tuner import bench
 from tuner.backends.base import DeviceInfo
 from tuner.config import Config, StageTiles
@@ -89,3 +91,14 @@ def test_the_table_gives_ratios_to_every_baseline_and_the_floor():
     head, line = text.splitlines()
     cells = dict(zip(head.split("  "), line.split("  ")))
     assert cells["tuned/floor"] == "1.25" and cells["x vs cupy cublas"] == "1.10" and cells["tile vs stream"] == "1.04"
+
+
+def test_a_bench_summary_hands_its_picks_to_the_study(tmp_path):
+    tile = Config((T, T), "row", "row", "block", "two_stream")
+    stream = Config((T, T), "stream", "row", "block", "serial")
+    path = tmp_path / "gpt3.bench.json"
+    path.write_text(json.dumps({"rows": [{"label": "gpt3/tokens=256,hidden=12288,ffn=6144",
+                                          "tile_config": tile.to_dict(), "stream_config": stream.to_dict()},
+                                         {"label": "other", "tile_config": None}]}))
+    assert bench.picked_configs(path, "gpt3/tokens=256,hidden=12288,ffn=6144") == [tile, stream]
+    assert bench.picked_configs(path, "other") == [] and bench.picked_configs(tmp_path / "none.json", "x") == []

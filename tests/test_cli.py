@@ -127,6 +127,11 @@ def test_empty_feasible_set_says_why(capsys, tmp_path, replay_args):
     assert_one_line_error(rc, err, "no feasible config", "tile_height")
 
 
+def test_a_missing_warm_start_file_is_refused(capsys, tmp_path, replay_args):
+    rc, _, err = run(capsys, "study", "gpt3", "--tokens", "64", "--warm-start", str(tmp_path / "no.json"), *replay_args)
+    assert_one_line_error(rc, err, "no.json", "no such file", "bench summary")
+
+
 def test_gpu_backend_without_gpu(capsys, no_gpu, storage):
     rc, _, err = run(capsys, "study", "gpt3", "--tokens", "64", "--backend", "gpu", "--storage", storage)
     assert_one_line_error(rc, err, "no CUDA device", "--backend replay")

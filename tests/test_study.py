@@ -117,6 +117,25 @@ def test_every_study_holds_a_measured_stream_baseline(storage):
     assert study.user_attrs["workload"] == "gpt3" and study.user_attrs["size"]["tokens"] == 64
 
 
+def test_warm_start_configs_are_measured_first_stream_pick_leading_and_unfit_ones_are_dropped(storage, tmp_path):
+    fs = SMALL.feasible(CHAIN, DEVICE)
+    good = next(c for c in fs if c.policy == "tile" and c.order == "row" and c.tiles[0].split_k == 2)
+    stream = next(c for c in fs if c.policy == "stream" and c.order == "row" and c not in fs.baselines())
+    outside = Config(good.tiles, "tile", "row", "block", "serial")  # the tile policy never runs serially
+    backend, heard = FakeBackend(), []
+    run_study(CHAIN, SMALL, backend, storage, sampler="tpe", trials=6, check=no_col_order,
+              warm=[outside, good, stream], log=heard.append)
+    assert backend.calls[:2] == [stream, good] and outside not in backend.calls
+    assert backend.calls[2:2 + len(fs.baselines())] == fs.baselines()
+    assert heard == [f"{CHAIN.label}: warm start: 2 of 3 configs a bench picked are in this space"]
+    # Without a stream pick, the space's stream baselines still come first.
+    other = FakeBackend()
+    run_study(CHAIN, SMALL, other, f"sqlite:///{tmp_path / 'w.db'}", sampler="tpe", trials=6, check=no_col_order,
+              warm=[good])
+    n = len(fs.baselines())
+    assert other.calls[:n] == fs.baselines() and other.calls[n] == good
+
+
 def test_trial_records_what_was_measured(storage):
     run_study(CHAIN, SMALL, FakeBackend(), storage, sampler="random", trials=3, check=no_col_order)
     t = measured(trials_of(storage))[0]

@@ -246,6 +246,23 @@ def final_rounds(backend, chain: Chain, contestants: dict[str, Config], rounds: 
     return out
 
 
+def picked_configs(summary_path: Path, label: str) -> list[Config]:
+    """The tile and stream configs a bench summary picked for chain ``label`` (none if it has no such row)."""
+    try:
+        rows = json.loads(Path(summary_path).read_text()).get("rows", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    out = []
+    for row in rows:
+        if isinstance(row, dict) and row.get("label") == label:
+            for key in ("tile_config", "stream_config"):
+                try:
+                    out.append(Config.from_dict(row[key]))
+                except (KeyError, TypeError, ValueError):
+                    continue
+    return out
+
+
 def _row_text(r: dict[str, Any]) -> str:
     b = ", ".join(f"{k} {v:.1f}" for k, v in r["baselines_us"].items())
     return (f"{r['label']}: tuned {r['tuned_us']:.1f} µs (stream {r['stream_us']}, tile {r['tile_us']}), "

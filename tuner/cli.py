@@ -128,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_non_negative_int, metavar="N", help="sampler seed")
     p.add_argument("--trials", type=_positive_int, metavar="N", help="measured trials per size, in total")
     p.add_argument("--timeout", type=_positive_float, metavar="S", help="stop each size's study after S seconds")
+    p.add_argument("--warm-start", type=Path, metavar="F",
+                   help="bench summary whose picks for each size are measured first, after the stream baselines "
+                        "(default: studies/<workload>.bench.json where it exists)")
+    p.add_argument("--no-warm-start", action="store_true", help="start from the stream baselines only")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="gpu measures, replay answers from recordings, auto picks gpu when one is visible")
     p.add_argument("--replay-file", type=Path, nargs="+", action="extend", metavar="F",
@@ -180,6 +184,8 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
     from .backends import get_backend  # noqa: PLC0415
     from .space import load_space  # noqa: PLC0415
     from .store import MeasurementStore  # noqa: PLC0415
+    from .bench import picked_configs  # noqa: PLC0415
+    from .paths import home  # noqa: PLC0415
     from .study import default_study, describe, figure_tag, load_study_file, run_study  # noqa: PLC0415
 
     wl = get_workload(args.workload)
@@ -221,9 +227,14 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
                 raise UsageError(f"the recordings hold no size of this sweep; recorded: {', '.join(sorted(recorded))}"
                                  f"; accepted: those sizes (e.g. --tokens), or a GPU")
             chains = runnable
+        warm_file = None if args.no_warm_start else (args.warm_start or home() / "studies" / f"{wl.name}.bench.json")
+        if args.warm_start is not None and not args.no_warm_start and not args.warm_start.is_file():
+            raise UsageError(f"--warm-start {args.warm_start}: no such file; accepted: a bench summary "
+                             "(python -m tuner bench writes one)")
         for chain in chains:
+            warm = picked_configs(warm_file, chain.label) if warm_file is not None else []
             outcome = run_study(chain, space, backend, args.storage, sampler=sampler, seed=seed, trials=trials,
-                                timeout=timeout, progress=True)
+                                timeout=timeout, progress=True, warm=warm, log=print)
             print(describe(outcome, tag))
             if outcome.interrupted:
                 print(f"interrupted: every measured trial is stored in {args.storage}; "

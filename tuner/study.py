@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -301,10 +301,13 @@ def _check_distributions(study: Any, domains: Mapping[str, list], name: str) -> 
 
 def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, *, sampler: str = "tpe",
               seed: int = 0, trials: int = 100, timeout: float | None = None, check: Checker | None = None,
-              progress: bool = False) -> StudyOutcome:
+              progress: bool = False, warm: Sequence[Config] = (),
+              log: Callable[[str], Any] | None = None) -> StudyOutcome:
     """Tune ``chain`` until the study holds ``trials`` measured trials, or time/suggestions run out.
 
-    ``check`` is the sync-protocol checker (default: :func:`tuner.checker.check`).
+    ``check`` is the sync-protocol checker (default: :func:`tuner.checker.check`). ``warm`` are
+    configs known to be good (a bench's picks), measured first where the space holds them (its
+    stream configs lead, else the space's stream baselines do); ``log`` hears how many were.
     Ctrl-C ends the run cleanly: the trial in flight is requeued and the outcome
     says ``stop == "interrupted"``.
     """
@@ -355,7 +358,15 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
     if summary.baseline is not None:
         backend.set_reference_time(summary.baseline.value)
 
-    for cfg in fs.baselines():
+    fit = [c for c in warm if fs.contains(c) is None]
+    if warm and log is not None:
+        log(f"{chain.label}: warm start: {len(fit)} of {len(warm)} configs a bench picked are in this space"
+            + ("" if len(fit) == len(warm) else " (and recorded)" if backend.replayed else ""))
+    # The bench's stream pick is the best stream baseline known, so it goes first (a study always
+    # starts with a stream-policy trial); without one, the space's stream baselines lead.
+    fit.sort(key=lambda c: c.policy != "stream")
+    first = [*fit, *fs.baselines()] if fit and fit[0].policy == "stream" else [*fs.baselines(), *fit]
+    for cfg in first:
         if cfg not in seen:
             study.enqueue_trial(cfg.params())
             seen.add(cfg)
