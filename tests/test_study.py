@@ -172,6 +172,34 @@ def test_resume_after_interrupt_loses_and_repeats_nothing(storage):
     assert not set(first.calls[:3]) & set(second.calls)
 
 
+def test_ctrl_c_while_a_result_is_written_takes_effect_once_it_is_stored(storage, monkeypatch):
+    import signal
+
+    import tuner.study
+
+    real_finish = tuner.study._finish
+    calls: list = []
+
+    def finish_interrupted_midway(study, trial, state, value, attrs):
+        if attrs.get("measured"):
+            calls.append(trial)
+        if attrs.get("measured") and len(calls) == 3:  # the third measured result: Ctrl-C between two writes
+            trial.set_user_attr("config", attrs["config"])
+            signal.raise_signal(signal.SIGINT)
+        return real_finish(study, trial, state, value, attrs)
+
+    monkeypatch.setattr(tuner.study, "_finish", finish_interrupted_midway)
+    backend = FakeBackend()
+    out = run_study(CHAIN, SMALL, backend, storage, sampler="random", seed=4, trials=8, check=no_col_order)
+    assert out.interrupted and out.summary.measured == 3 and len(backend.calls) == 3
+    third = measured(trials_of(storage))[2]
+    assert third.state == TrialState.COMPLETE and "times_us" in third.user_attrs  # written whole
+    monkeypatch.setattr(tuner.study, "_finish", real_finish)
+    again = FakeBackend()
+    run_study(CHAIN, SMALL, again, storage, sampler="random", seed=4, trials=8, check=no_col_order)
+    assert not set(backend.calls) & set(again.calls) and len(measured(trials_of(storage))) == 8
+
+
 def test_cache_answers_a_second_study_without_the_backend(storage):
     run_study(CHAIN, SMALL, FakeBackend(), storage, sampler="random", seed=1, trials=5, check=no_col_order)
     optuna.delete_study(study_name=study_name(CHAIN, DEVICE), storage=storage)

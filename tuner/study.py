@@ -8,9 +8,12 @@ nothing new, raising ``--trials`` continues where the study stopped.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+import signal
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -460,26 +463,28 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
             cached = m is not None
             if m is None:
                 m = backend.measure(chain, cfg)
-                store.save(device, chain.label, cfg, m)
             else:
                 outcome.cache_hits += 1
             attrs: dict[str, Any] = {"config": cfg.to_dict(), "tuner_version": __version__, "backend": backend.name,
                                      "device": device_attr, **_measurement_attrs(m), "cached": cached,
                                      "measured": True}
-            if m.ok:
-                if m.median_us is None or not math.isfinite(m.median_us):
-                    raise RuntimeError(f"backend {backend.name} reported success for {cfg.short()} without a time")
-                frozen = _finish(study, current, TrialState.COMPLETE, m.median_us, attrs)
-            else:
+            if m.ok and (m.median_us is None or not math.isfinite(m.median_us)):
+                raise RuntimeError(f"backend {backend.name} reported success for {cfg.short()} without a time")
+            if not m.ok:
                 attrs.update(reason=m.reason, message=m.message)
-                frozen = _finish(study, current, TrialState.FAIL, None, attrs)
-            current = current_cfg = None
-            outcome.new_trials += 1
-            before = summary.baseline
-            summary.add(frozen)
-            if summary.baseline is not before:
-                study.set_user_attr("baseline_us", summary.baseline.value)
-                backend.set_reference_time(summary.baseline.value)
+            # A measurement is written whole: Ctrl-C here takes effect once the trial is stored.
+            with _interrupts_deferred():
+                if not cached:
+                    store.save(device, chain.label, cfg, m)
+                frozen = _finish(study, current, TrialState.COMPLETE if m.ok else TrialState.FAIL,
+                                 m.median_us if m.ok else None, attrs)
+                current = current_cfg = None
+                outcome.new_trials += 1
+                before = summary.baseline
+                summary.add(frozen)
+                if summary.baseline is not before:
+                    study.set_user_attr("baseline_us", summary.baseline.value)
+                    backend.set_reference_time(summary.baseline.value)
             if bar is not None:
                 bar.update(1)
             _show(bar, summary, tag)
@@ -495,6 +500,23 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
             bar.close()
         store.close()
     return outcome
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT back for the duration (main thread only); a Ctrl-C that came meanwhile is raised
+    as KeyboardInterrupt on the way out, so the block is never left half done."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def _source_hasher(backend: Backend) -> Callable[[Chain, Config], str | None] | None:
