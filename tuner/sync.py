@@ -84,17 +84,16 @@ class TileOrder:
 
 
 def _clustered(m: str, n: str) -> tuple[Expr, Expr, Expr]:
-    """An order over cluster tiles, written with ``q`` (cluster index), ``MTC``, ``NTC``, turned
-    into block tiles."""
-    q, mtc, ntc = "(t // (CM * CN))", "(MT // CM)", "(NT // CN)"
-    sub = lambda e: e.replace("MTC", mtc).replace("NTC", ntc).replace("q", q)
-    return (Expr(f"{sub(m)} * CM + (t % (CM * CN)) % CM"), Expr(f"{sub(n)} * CN + (t % (CM * CN)) // CM"),
-            Expr(f"{q} % S"))
+    """An order over cluster tiles, written with ``{q}`` (cluster index), ``{MTC}`` and ``{NTC}``
+    (cluster tiles along M and N), turned into block tiles."""
+    names = {"q": "(t // (CM * CN))", "MTC": "(MT // CM)", "NTC": "(NT // CN)"}
+    return (Expr(f"{m.format(**names)} * CM + (t % (CM * CN)) % CM"),
+            Expr(f"{n.format(**names)} * CN + (t % (CM * CN)) // CM"), Expr("{q} % S".format(**names)))
 
 
 ORDERS: dict[str, TileOrder] = {
-    "row": TileOrder("row", *_clustered(m="q // (NTC * S)", n="(q // S) % NTC")),
-    "col": TileOrder("col", *_clustered(m="(q // S) % MTC", n="q // (MTC * S)")),
+    "row": TileOrder("row", *_clustered(m="{q} // ({NTC} * S)", n="({q} // S) % {NTC}")),
+    "col": TileOrder("col", *_clustered(m="({q} // S) % {MTC}", n="{q} // ({MTC} * S)")),
 }
 
 # How a block gets its ticket: its blockIdx (hardware order), or an atomic counter
