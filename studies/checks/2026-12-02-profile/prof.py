@@ -44,7 +44,7 @@ def names():
             print(f"  {median(d):7.1f} us  grid={k[1]} block={k[2]} smem={k[3]} regs={k[4]}  {k[0][:160]}")
 
 
-def ours(tok, j):
+def ours(tok, j, reps=5):
     import tuner.backends.gpu as gpu
     from tuner.config import Config, StageTiles as T
     from tuner.workloads import get_workload
