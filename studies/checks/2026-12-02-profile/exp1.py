@@ -50,7 +50,7 @@ def patched(chain, config, fault="none"):
         assert WAIT in src
         src = src.replace(WAIT, WAIT.replace("  if (mbar_try_wait<CLUSTER>(bar, parity)) return;",
                                              "  while (!mbar_try_wait<CLUSTER>(bar, parity)) {}\n  return;"))
-    if "hint" in v:
+    if v & {"hint", "hintA", "hintB"}:
         i = src.index("template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int A_ROWS_")
         src = src[:i] + HINTED + src[i:]
         for a, b in ((LB, "tma_h(dst, mapB, bar, kc * T::BK + atom * 64, n0, l2_policy(true));"),
@@ -58,6 +58,8 @@ def patched(chain, config, fault="none"):
                      (LA, "tma_h(dst, mapA, bar, kc * T::BK + atom * 64, m0, l2_policy(false));"),
                      (LAM, "tma_hm(dst, mapA, bar, kc * T::BK + atom * 64, m0, a_mask, l2_policy(false));")):
             assert a in src
+            if ("hintA" in v and "mapB" in a) or ("hintB" in v and "mapA" in a):
+                continue
             src = src.replace(a, b)
     return dataclasses.replace(r, source=src, hash=hashlib.sha256(src.encode()).hexdigest())
 
