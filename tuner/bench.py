@@ -42,10 +42,14 @@ ROUNDS = 5  # interleaved rounds of the final timing
 # PyTorch and us alike (studies/checks/2026-12-02-cluster/call5.sh); a second of idle restores it.
 # Each final timing starts after this much idle, so that every contestant runs at the same clock.
 IDLE_S = 0.3
-CHAIN_COMBOS = (("stream", "row", "block", "serial"), ("tile", "row", "block", "two_stream"),
-                ("tile", "col", "block", "two_stream"), ("tile", "row", "ticket", "fused"),
-                ("tile", "col", "ticket", "fused"), ("row", "row", "ticket", "fused"),
-                ("row", "row", "block", "two_stream"))
+# Column order matters once M spans several waves: a wave then covers every M row of a few N
+# columns and reads those weights once, where row order streams all of them again in every
+# wave (measured at 2048 tokens, stage alone: 492 -> 446 µs; studies/checks/2026-12-02-profile).
+CHAIN_COMBOS = (("stream", "row", "block", "serial"), ("stream", "col", "block", "serial"),
+                ("tile", "row", "block", "two_stream"), ("tile", "col", "block", "two_stream"),
+                ("tile", "row", "ticket", "fused"), ("tile", "col", "ticket", "fused"),
+                ("row", "row", "ticket", "fused"), ("row", "row", "block", "two_stream"),
+                ("row", "col", "block", "two_stream"))
 
 
 def stage_candidates(feas, j: int, device) -> list[StageTiles]:
@@ -113,7 +117,9 @@ def _precompile(chains_configs: list[tuple[Chain, Config]], arch: str, jobs: int
         pass
 
 
-STAGE_ALONE = ("stream", "row", "block", "serial")
+# Stages alone run in column order: the same as row order when a stage is one wave, and the
+# faster one (see CHAIN_COMBOS) when it is several.
+STAGE_ALONE = ("stream", "col", "block", "serial")
 
 
 def run_bench(workload: str, tokens: list[int], sample: int, seed: int, out: Path, space_path: Path,
