@@ -50,8 +50,8 @@ class FakeRunner:
 
 
 class FakeBackend:
-    def __init__(self, log, broken=()):
-        self.log, self.broken = log, broken
+    def __init__(self, log, broken=(), broken_after_timing=()):
+        self.log, self.broken, self.broken_after_timing = log, broken, broken_after_timing
 
     def load(self, chain, cfg):
         from tuner.backends.base import Measurement
@@ -59,7 +59,10 @@ class FakeBackend:
         return FakeRunner(cfg.policy, self.log), Measurement(ok=True)
 
     def verify(self, chain, runner):
-        return (0.0, "incorrect") if runner.name in self.broken else (0.001, None)
+        timed = runner.name in self.log
+        if runner.name in self.broken or (timed and runner.name in self.broken_after_timing):
+            return 0.0, "incorrect"
+        return 0.001, None
 
     def problem(self, chain):
         class P:
@@ -82,6 +85,22 @@ def test_final_rounds_interleave_every_contestant_and_leave_out_one_that_fails_v
     assert log == ["stream", "cublas"] * 3
     assert set(out) == {"stream", "cublas"} and len(out["stream"]) == 3
     assert any("leave out tile" in n and "incorrect" in n for n in notes)
+
+
+def test_final_rounds_leave_out_a_config_that_goes_wrong_while_it_is_timed(monkeypatch):
+    import tuner.baselines
+
+    log: list[str] = []
+    monkeypatch.setattr(tuner.baselines, "baseline_timers", lambda chain, x, ws: {})
+    chain = get_workload("gpt3").chain(tokens=64)
+    contestants = {"stream": Config((T, T), "stream", "row", "block", "serial"),
+                   "tile": Config((T, T), "tile", "row", "block", "two_stream")}
+    notes: list[str] = []
+    out = bench.final_rounds(FakeBackend(log, broken_after_timing=("tile",)), chain, contestants, rounds=2,
+                             log=notes.append, idle_s=0)
+    assert log == ["stream", "tile"] * 2  # it verified before, so it was timed
+    assert set(out) == {"stream"}
+    assert any("leave out tile" in n and "after the timed rounds" in n for n in notes)
 
 
 def test_the_table_gives_ratios_to_every_baseline_and_the_floor():

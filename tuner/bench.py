@@ -225,7 +225,8 @@ def final_rounds(backend, chain: Chain, contestants: dict[str, Config], rounds: 
                  warmup: int = 5, reps: int = 30, idle_s: float = IDLE_S) -> dict[str, list[float]]:
     """Per contestant (our configs by name, then every baseline), the median µs of each of
     ``rounds`` rounds, the rounds interleaved so that clock drift reaches all of them alike.
-    Our configs are verified again first; one that fails or times out is left out (and logged)."""
+    Our configs are verified again before and after the rounds; one that fails or times out is
+    left out (and logged)."""
     from .baselines import baseline_timers
 
     timers: dict[str, Any] = {}
@@ -245,9 +246,12 @@ def final_rounds(backend, chain: Chain, contestants: dict[str, Config], rounds: 
         for name, timer in timers.items():
             time.sleep(idle_s)
             out[name].append(round(median(timer(warmup, reps)), 3))
+    # Verified again after every timed run (fresh inputs, poisoned output): a wait that timed out
+    # or semaphores that stopped ordering the chain epochs later leave it out.
     for name, runner in runners.items():
-        if runner.error_flag():
-            log(f"{chain.label}: final rounds leave out {name}: a semaphore wait timed out")
+        why = backend.verify(chain, runner)[1]
+        if why:
+            log(f"{chain.label}: final rounds leave out {name}: {why} after the timed rounds")
             del out[name]
     return out
 
