@@ -34,7 +34,7 @@ def trials_to_reach(storage: str, target: float) -> int:
 # 45 configs per size) TPE needed a median of 12 and 11 trials, random search 10 and 9; on the
 # recording of 66c0085 (26-27 whole-chain configs per size, all of them pairings of each stage's
 # fastest tilings, so nearly any is within 3% of the best) both need 4, and again on the
-# recording of 4f7d436 (42-44 configs). A recording of a broad
+# recording of 4f7d436 (42-44 configs per size). A recording of a broad
 # sample of the space is what this comparison needs; it is kept as the benchmark to rerun then.
 @pytest.mark.slow
 @pytest.mark.skipif(not RECORDING.exists(), reason="no H200 recording in studies/ yet")
