@@ -41,6 +41,12 @@ def test_every_command_has_help(capsys, command):
     assert rc == 0 and out.startswith(f"usage: tuner {command}")
 
 
+@pytest.mark.parametrize("command", COMMANDS)
+def test_only_commands_that_use_the_study_database_offer_storage(capsys, command):
+    _, out, _ = run(capsys, command, "--help")
+    assert ("--storage" in out) == (command in ("study", "export", "show", "list"))
+
+
 def test_top_level_help_and_version(capsys):
     rc, out, _ = run(capsys, "--help")
     assert rc == 0 and all(c in out for c in COMMANDS)

@@ -96,17 +96,19 @@ def _fault(text: str) -> tuple[int, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
-    common.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
-                        help=f"SQLAlchemy URL of the study database (default: {DEFAULT_STORAGE})")
     common.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    stored = _Parser(add_help=False, parents=[common])  # the commands that read or write the study database
+    stored.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
+                        help=f"SQLAlchemy URL of the study database (default: {DEFAULT_STORAGE})")
 
     parser = _Parser(prog="tuner", description="Auto-tuner for chains of dependent tiled CUDA kernels "
                                                "that synchronize tile by tile.")
     parser.add_argument("--version", action="version", version=f"tuner {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
-    def command(name: str, help_: str, run: Callable[[argparse.Namespace, list[str]], int]) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, parents=[common], help=help_, description=help_)
+    def command(name: str, help_: str, run: Callable[[argparse.Namespace, list[str]], int],
+                storage: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[stored if storage else common], help=help_, description=help_)
         p.set_defaults(run=run)
         return p
 
@@ -143,12 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="testing the isolation on a GPU: plant a fault in the N-th measured trial; "
                         "KIND is one of illegal_address, hang, missing_post")
 
-    p = command("bench", "measure a workload's configs on the GPU and record them", _cmd_bench)
+    p = command("bench", "measure a workload's configs on the GPU and record them", _cmd_bench, storage=False)
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
     sizes(p, fixed=False)
     p.add_argument("--trials", type=_positive_int, metavar="N",
                    help="tilings per stage timed alone in the first pass (default: all the sweep proposes, 52); "
-                        "the best 3 per stage are then paired under each sync choice and the chains timed")
+                        "the best 3 per stage are then paired under each sync choice and the chains timed; "
+                        "the 3 fastest stream-sync and tile-sync chains are timed again, with every baseline, "
+                        "in 5 interleaved rounds that pick the reported ones")
     p.add_argument("--seed", type=_non_negative_int, default=0, metavar="N", help="seed of the random inputs")
     p.add_argument("--out", type=Path, metavar="PATH",
                    help="summary JSON (default: studies/<workload>.bench.json); the recording of every "
@@ -167,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("list", "list workloads and stored studies", _cmd_list)
 
-    p = command("compile", "render and compile a workload's kernels with NVRTC (no GPU needed)", _cmd_compile)
+    p = command("compile", "render and compile a workload's kernels with NVRTC (no GPU needed)", _cmd_compile,
+                storage=False)
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
     p.add_argument("--arch", default="sm_90", help="target architecture (default: sm_90)")
     sizes(p, fixed=False)
