@@ -149,15 +149,18 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity, u32* err) {
 }
 // EVICT_FIRST: an L2 policy for data read once (a stage's weights when one row of clusters
 // covers all of M): it leaves L2 to what is read again (activations, split-K partials).
+__device__ __forceinline__ u64 l2_evict_first() {
+  u64 pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
 template <bool EVICT_FIRST = false>
 __device__ __forceinline__ void tma_load_2d(u32 dst, const void* map, u32 bar, int inner, int outer) {
   if constexpr (EVICT_FIRST) {
-    u64 pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
         " [%0], [%1, {%2, %3}], [%4], %5;"
-        ::"r"(dst), "l"(map), "r"(inner), "r"(outer), "r"(bar), "l"(pol) : "memory");
+        ::"r"(dst), "l"(map), "r"(inner), "r"(outer), "r"(bar), "l"(l2_evict_first()) : "memory");
   } else {
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
@@ -182,12 +185,10 @@ template <bool EVICT_FIRST = false>
 __device__ __forceinline__ void tma_load_2d_multicast(u32 dst, const void* map, u32 bar, int inner, int outer,
                                                       unsigned short mask) {
   if constexpr (EVICT_FIRST) {
-    u64 pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
         ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5, %6;"
-        ::"r"(dst), "l"(map), "r"(inner), "r"(outer), "r"(bar), "h"(mask), "l"(pol) : "memory");
+        ::"r"(dst), "l"(map), "r"(inner), "r"(outer), "r"(bar), "h"(mask), "l"(l2_evict_first()) : "memory");
   } else {
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"

@@ -12,8 +12,8 @@ is verified before it is timed.
 
 Picking the fastest of many noisy timings favours configs that were lucky once, and the
 GPU's clock drifts between one timing and the next, so the numbers reported are not the
-selection's: the selected stream and tile configs and every baseline are timed again in
-interleaved rounds, each timing after a short idle (sustained load lowers the clock, and
+selection's: the three fastest stream and tile configs and every baseline are timed again in
+interleaved rounds, which pick one of each kind, each timing after a short idle (sustained load lowers the clock, and
 would hand an advantage to whoever runs first), and each reports the median of its rounds. Writes every
 measurement as a recording (the replay backend reads it) and the summary table as JSON.
 """
@@ -226,6 +226,11 @@ def run_bench(workload: str, tokens: list[int], sample: int, seed: int, out: Pat
 FINALISTS = 3  # per kind (stream-sync, tile-sync), into the final rounds
 
 
+def kind_of(cfg: Config) -> str:
+    """``stream`` for a stream-synchronized config, ``tile`` for any tile-level policy."""
+    return "stream" if cfg.policy == "stream" else "tile"
+
+
 def finalists(passed: list[tuple[float, Config]], per_kind: int = FINALISTS) -> dict[str, Config]:
     """The fastest ``per_kind`` configs of each kind by their chain-pass time, named ``stream``,
     ``stream#2``, ..., ``tile``, ``tile#2``, ...: the chain pass runs back to back at a clock
@@ -233,9 +238,8 @@ def finalists(passed: list[tuple[float, Config]], per_kind: int = FINALISTS) -> 
     left to the final rounds."""
     out: dict[str, Config] = {}
     for kind in ("stream", "tile"):
-        mine = sorted(((us, i, c) for i, (us, c) in enumerate(passed) if (c.policy == "stream") == (kind == "stream")),
-                      key=lambda x: x[:2])
-        for rank, (_, _, c) in enumerate(mine[:per_kind], 1):
+        mine = sorted(((us, c) for us, c in passed if kind_of(c) == kind), key=lambda x: x[0])
+        for rank, (_, c) in enumerate(mine[:per_kind], 1):
             out[kind if rank == 1 else f"{kind}#{rank}"] = c
     return out
 
@@ -244,8 +248,8 @@ def fastest_per_kind(contestants: dict[str, Config], final: dict[str, float]) ->
     """Per kind (``stream``, ``tile``), the name of the finalist fastest in the final rounds, which
     time everyone at the same clock; a finalist the rounds left out cannot be picked."""
     picked: dict[str, str] = {}
-    for name in contestants:
-        kind = name.split("#")[0]
+    for name, cfg in contestants.items():
+        kind = kind_of(cfg)
         if name in final and (kind not in picked or final[name] < final[picked[kind]]):
             picked[kind] = name
     return picked
