@@ -27,6 +27,10 @@ def patch(src: str, v: str) -> str:
     if v == "wait0":
         assert exp8.W1 in src
         return src.replace(exp8.W1, exp8.W0)
+    if v == "wait2":  # two chunks' MMAs in flight: slot it-2 goes back
+        assert exp8.W1 in src
+        return src.replace(exp8.W1, exp8.W1.replace("wgmma_wait<1>", "wgmma_wait<2>").replace("it > 0", "it > 1")
+                           .replace("(it - 1)", "(it - 2)"))
     if v == "nomma":
         assert MMA in src
         return src.replace(MMA, "          (void)a; (void)b;\n")
@@ -50,16 +54,18 @@ def patched(chain, config, fault="none"):
     return dataclasses.replace(r, source=src, hash=hashlib.sha256(src.encode()).hexdigest())
 
 
-VARIANTS = ("", "early", "wait0", "nomma", "noload")
+VARIANTS = ("", "early", "wait0", "wait2", "nomma", "noload")
 UNVERIFIED = {"nomma", "noload"}
 PLAN = [(256, 1, T(128, 192, 64, 2, 1, 4, 1, "wgmma_tma", 2, 1), VARIANTS),
         (256, 1, T(128, 192, 64, 2, 1, 4, 1, "wgmma_tma", 1, 1), VARIANTS),
         (256, 1, T(128, 192, 64, 2, 1, 5, 1, "wgmma_tma", 2, 1), ("", "early", "nomma")),
         (256, 0, T(128, 192, 64, 2, 1, 4, 2, "wgmma_tma", 2, 1), ("", "early", "nomma", "noload")),
-        (256, 0, T(128, 96, 64, 2, 1, 5, 1, "wgmma_tma", 2, 1), ("", "early", "nomma", "noload")),
+        (256, 0, T(128, 96, 64, 2, 1, 5, 1, "wgmma_tma", 2, 1), ("", "early", "wait2", "nomma", "noload")),
         (256, 0, T(128, 96, 64, 2, 1, 6, 1, "wgmma_tma", 2, 1), ("", "early")),
-        (256, 0, T(128, 96, 64, 2, 1, 7, 1, "wgmma_tma", 2, 1), ("", "early", "nomma")),
+        (256, 0, T(128, 96, 64, 2, 1, 7, 1, "wgmma_tma", 2, 1), ("", "early", "wait2", "nomma")),
         (256, 0, T(128, 96, 64, 2, 1, 8, 1, "wgmma_tma", 2, 1), ("", "early")),
+        (256, 0, T(128, 96, 128, 2, 1, 4, 1, "wgmma_tma", 2, 1), ("", "early", "wait2", "nomma", "noload")),
+        (256, 1, T(128, 96, 128, 2, 1, 4, 1, "wgmma_tma", 2, 1), ("", "early", "wait2", "nomma")),
         (2048, 1, T(128, 192, 64, 2, 1, 4, 1, "wgmma_tma", 2, 1), ("", "early", "wait0", "nomma", "noload"))]
 
 
