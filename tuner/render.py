@@ -132,6 +132,17 @@ def _smem(grid: StageGrid) -> int:
     return grid.tiles.smem_bytes()
 
 
+# Epilogues go through shared memory where the output tile fits in the free ring (measurement
+# scripts switch it off to compare).
+STAGED_EPILOGUE = True
+
+
+def staged_epilogue(tl, out_cols: int) -> bool:
+    """Whether a tile's output (``out_cols`` wide, padded rows of 16-byte pieces) fits in its ring."""
+    ring = tl.stages * (tl.bm + tl.bn) * (tl.bk * 2 if tl.warpgroup else tl.bk * 2 + 16)
+    return STAGED_EPILOGUE and out_cols % 8 == 0 and tl.bm * (out_cols + 8) * 2 <= ring
+
+
 def a_rows(m: int, bm: int) -> int:
     """Rows of A a TMA stage requests: the tile's, or M rounded up to whole 8-row swizzle groups
     when the matrix is shorter (a box reaching far past the edge costs time for nothing)."""
@@ -155,9 +166,10 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
         entry = dict(index=i, name=st.name, M=st.m, N=st.n, K=st.k, NOUT=st.n_out, epilogue=st.epilogue,
                      **order_env(g), KS=g.ks, KC=g.kc, blocks=g.blocks, threads=tl.threads,
                      BM=tl.bm, BN=tl.bn, BK=tl.bk, WM=tl.wm, WN=tl.wn, STAGES=tl.stages, MMA=tl.mma, CLUSTER=tl.cluster,
-                     A_ROWS=a_rows(st.m, tl.bm),
+                     A_ROWS=a_rows(st.m, tl.bm), OW=tl.bn // 2 if st.epilogue == "silu_mul" else tl.bn,
                      order_m=order.m.c, order_n=order.n.c, order_s=order.s.c,
                      wait=None, post=None, started=None, guard=None, ticket=None, ws_base=0, arrive_base=0)
+        entry["staged"] = staged_epilogue(tl, entry["OW"])
         if tl.split_k > 1:
             entry["ws_base"] = ws
             ws += tl.split_k * g.mt * g.nt * tl.bm * tl.bn  # whole tiles of partial sums per split

@@ -2,12 +2,14 @@
 product's mainloop as built, exp8's early slot release and retire-each-chunk variants, and two
 measurement-only variants that do not compute the right answer and are never verified:
 "nomma" (the TMA ring and its barriers with no MMAs: the operand feed alone) and "noload" (the
-MMAs and barriers with no copies: the math alone), "nostore" (no output stores). Plus 128x96x64 tiles in clusters of two
+MMAs and barriers with no copies: the math alone), "nostore" (no output stores), against "direct" (stores straight from the fragments, as before
+the epilogue went through shared memory; "as built" is the staged epilogue). Plus 128x96x64 tiles in clusters of two
 along M (weights multicast), the shape cuBLAS runs for GEMM1 at 256 tokens (its 96x128, 2x1).
 Verified variants are verified before and after 3 interleaved rounds of 30."""
 import dataclasses, hashlib, time
 from statistics import median
 import tuner.backends.gpu as gpu
+import tuner.render
 from tuner.config import Config, StageTiles as T
 from tuner.workloads import get_workload
 from tuner.render import render as real_render
@@ -51,20 +53,21 @@ cur = {"v": ""}
 
 
 def patched(chain, config, fault="none"):
+    tuner.render.STAGED_EPILOGUE = cur["v"] not in ("direct", "nostore")
     r = real_render(chain, config, fault)
-    if not cur["v"]:
+    if cur["v"] in ("", "direct"):
         return r
     src = patch(r.source, cur["v"])
     return dataclasses.replace(r, source=src, hash=hashlib.sha256(src.encode()).hexdigest())
 
 
-VARIANTS = ("", "early", "wait0", "wait2", "nomma", "noload", "nostore")
+VARIANTS = ("", "direct", "early", "wait0", "wait2", "nomma", "noload", "nostore")
 UNVERIFIED = {"nomma", "noload", "nostore"}
 PLAN = [(256, 1, T(128, 192, 64, 2, 1, 4, 1, "wgmma_tma", 2, 1), VARIANTS),
         (256, 1, T(128, 192, 64, 2, 1, 4, 1, "wgmma_tma", 1, 1), VARIANTS),
         (256, 1, T(128, 192, 64, 2, 1, 5, 1, "wgmma_tma", 2, 1), ("", "early", "nomma")),
-        (256, 0, T(128, 192, 64, 2, 1, 4, 2, "wgmma_tma", 2, 1), ("", "early", "nomma", "noload", "nostore")),
-        (256, 0, T(128, 96, 64, 2, 1, 5, 1, "wgmma_tma", 2, 1), ("", "early", "wait2", "nomma", "noload")),
+        (256, 0, T(128, 192, 64, 2, 1, 4, 2, "wgmma_tma", 2, 1), ("", "direct", "early", "nomma", "noload", "nostore")),
+        (256, 0, T(128, 96, 64, 2, 1, 5, 1, "wgmma_tma", 2, 1), ("", "direct", "early", "wait2", "nomma", "noload")),
         (256, 0, T(128, 96, 64, 2, 1, 6, 1, "wgmma_tma", 2, 1), ("", "early")),
         (256, 0, T(128, 96, 64, 2, 1, 7, 1, "wgmma_tma", 2, 1), ("", "early", "wait2", "nomma")),
         (256, 0, T(128, 96, 64, 2, 1, 8, 1, "wgmma_tma", 2, 1), ("", "early")),
