@@ -34,3 +34,18 @@ def test_a_clustered_stage_kernel_declares_its_cluster_and_the_launch_grid_divid
             launch = next(l for l in r.launches if l.kernel == f"stage{i}_kernel")
             declared = f"__cluster_dims__({t.cluster}, 1, 1)\nstage{i}_kernel(" in r.source
             assert declared == (t.cluster > 1) and launch.grid % t.cluster == 0, cfg.short()
+
+
+def test_the_epilogue_goes_through_shared_memory_only_where_the_output_tile_fits_in_the_ring():
+    from tuner.config import Config, StageTiles
+
+    def staged(tiles: StageTiles, workload: str = "gpt3") -> bool:
+        chain = get_workload(workload).chain(tokens=64).alone(0)
+        return "Epilogue through shared memory" in render(chain, Config((tiles,), "stream", "col", "block", "serial")).source
+
+    # 128 x (192 + 8) halves of output against a ring of 4 x (128 + 192) x 64 halves
+    assert staged(StageTiles(128, 192, 64, 2, 1, 4, 1, "wgmma_tma"))
+    # a two-slot mma.sync ring of 2 x (128 + 256) rows of 80 bytes holds less than 128 x (256 + 8) halves
+    assert not staged(StageTiles(128, 256, 32, 2, 4, 2))
+    # SiLU-times-gate folds column pairs: half as many output columns to park
+    assert staged(StageTiles(64, 128, 64, 1, 1, 3, 1, "wgmma_tma"), "llama")
