@@ -168,12 +168,13 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
                      BM=tl.bm, BN=tl.bn, BK=tl.bk, WM=tl.wm, WN=tl.wn, STAGES=tl.stages, MMA=tl.mma, CLUSTER=tl.cluster,
                      A_ROWS=a_rows(st.m, tl.bm), OW=tl.bn // 2 if st.epilogue == "silu_mul" else tl.bn,
                      order_m=order.m.c, order_n=order.n.c, order_s=order.s.c,
-                     wait=None, post=None, started=None, guard=None, ticket=None, ws_base=0, arrive_base=0)
+                     wait=None, post=None, started=None, guard=None, ticket=None, ws_base=0, arrive_base=0, written_base=0)
         entry["staged"] = staged_epilogue(tl, entry["OW"])
         if tl.split_k > 1:
             entry["ws_base"] = ws
             ws += tl.split_k * g.mt * g.nt * tl.bm * tl.bn  # whole tiles of partial sums per split
-            entry["arrive_base"] = words.take(g.mt * g.nt)
+            entry["arrive_base"] = words.take(g.mt * g.nt)  # arrivals of a tile's splits
+            entry["written_base"] = words.take(g.mt * g.nt)  # posts of the splits whose partials are stored
         if tl.mma == "wgmma_tma":
             a_name = "x" if st.a_from is None else f"y{st.a_from}"
             # The kernel addresses descriptors in u64 words: 16 per 128-byte descriptor.
