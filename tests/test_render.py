@@ -49,3 +49,22 @@ def test_the_epilogue_goes_through_shared_memory_only_where_the_output_tile_fits
     assert not staged(StageTiles(128, 256, 32, 2, 4, 2))
     # SiLU-times-gate folds column pairs: half as many output columns to park
     assert staged(StageTiles(64, 128, 64, 1, 1, 3, 1, "wgmma_tma"), "llama")
+
+
+def test_a_split_tile_counts_arrivals_and_stored_partials_apart_and_only_the_last_split_reduces():
+    from tuner.config import Config, StageTiles
+
+    chain = get_workload("gpt3").chain(tokens=256).alone(0)
+
+    def rendered(split: int):
+        return render(chain, Config((StageTiles(128, 192, 64, 2, 1, 4, split, "wgmma_tma"),), "stream", "col", "block",
+                                    "serial"))
+
+    one, two = rendered(1), rendered(2)
+    tiles = 2 * 32  # 256 / 128 rows x 6144 / 192 columns
+    assert two.state_words - one.state_words == 2 * tiles  # an arrival and a stored-partials counter per tile
+    assert two.ws_floats == 2 * 256 * 6144  # a slot per split (the last one's stays unused)
+    src = two.source
+    # the splits that are not last store and post, then leave; the last waits for S - 1 posts, then adds
+    assert src.index("tuner_post(written);") < src.index("return;", src.index("tuner_post(written);"))
+    assert "epoch * (u32)(S - 1)" in src and "split_reduce<T, S>" in src
