@@ -71,14 +71,17 @@ class StageTiles:
     def threads(self) -> int:
         return 32 * self.warps
 
-    def smem_bytes(self) -> int:
-        """Shared memory of the cp.async ring: A and B tiles, rows padded by 16 bytes for mma.sync;
-        swizzled unpadded rows plus 1 KiB of alignment slack for wgmma, and two 8-byte mbarriers
-        (full, empty) per slot when the TMA fills them."""
-        if self.warpgroup:
-            return self.stages * (self.bm + self.bn) * self.bk * 2 + 1024 + (16 * self.stages if self.mma == "wgmma_tma" else 0)
-        row = self.bk * 2 + 16
+    def ring_bytes(self) -> int:
+        """The ring of A and B tiles: swizzled unpadded rows for wgmma, rows padded by 16 bytes for mma.sync."""
+        row = self.bk * 2 if self.warpgroup else self.bk * 2 + 16
         return self.stages * (self.bm + self.bn) * row
+
+    def smem_bytes(self) -> int:
+        """Shared memory of a block: the ring, plus for wgmma 1 KiB of alignment slack and, when the
+        TMA fills the ring, two 8-byte mbarriers (full, empty) per slot."""
+        if self.warpgroup:
+            return self.ring_bytes() + 1024 + (16 * self.stages if self.mma == "wgmma_tma" else 0)
+        return self.ring_bytes()
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Mapping
 import jinja2
 
 from .backends.base import DeviceInfo
-from .config import Config, StageGrid
+from .config import Config, StageGrid, StageTiles
 from .paths import templates_dir
 from .sync import ORDERS, POLICIES, order_env, pair_env
 from .workloads import Chain
@@ -137,10 +137,9 @@ def _smem(grid: StageGrid) -> int:
 STAGED_EPILOGUE = True
 
 
-def staged_epilogue(tl, out_cols: int) -> bool:
+def staged_epilogue(tl: StageTiles, out_cols: int) -> bool:
     """Whether a tile's output (``out_cols`` wide, padded rows of 16-byte pieces) fits in its ring."""
-    ring = tl.stages * (tl.bm + tl.bn) * (tl.bk * 2 if tl.warpgroup else tl.bk * 2 + 16)
-    return STAGED_EPILOGUE and out_cols % 8 == 0 and tl.bm * (out_cols + 8) * 2 <= ring
+    return STAGED_EPILOGUE and out_cols % 8 == 0 and tl.bm * (out_cols + 8) * 2 <= tl.ring_bytes()
 
 
 def a_rows(m: int, bm: int) -> int:
