@@ -1,14 +1,20 @@
-"""The bench's choices that need no GPU: which tilings go on, which clusters are tried, how the
+"""The choices of the staged search and the bench that need no GPU: which tilings go on, which clusters are tried, how the
 final rounds interleave, and the table."""
 from __future__ import annotations
 
 import json
 
+from dataclasses import replace
+
 from tuner import bench
 from tuner.backends.base import DeviceInfo
+from tuner.backends.gpu import GpuBackend
 from tuner.config import Config, StageTiles
 from tuner.paths import home
 from tuner.space import load_space
+from tuner.strategies import Outcome, SearchContext
+from tuner.strategies.staged import CLUSTER_TOP, Staged
+from tuner.study import finalists
 from tuner.workloads import get_workload
 
 H200 = DeviceInfo("NVIDIA H200")
@@ -20,21 +26,39 @@ def feasible(tokens: int):
     return chain, load_space(home() / "search_spaces" / "gpt3.toml").feasible(chain, H200)
 
 
+def staged(tokens: int, budget: int = 400):
+    chain, fs = feasible(tokens)
+    st = Staged()
+    st.start(SearchContext(chain, fs, H200, lambda c: True, budget, stage_tilings=fs.tilings))
+    return st
+
+
 def test_the_three_fastest_go_on_plus_the_fastest_unclustered_when_all_three_are_clustered():
     a, b, c, d = (StageTiles(128, bn, 64, 2, 1, 4, 1, "wgmma_tma", 2, 1) for bn in (96, 128, 192, 256))
     plain = StageTiles(128, 96, 64, 2, 1, 4)
-    assert bench.pick_best([(3.0, c), (1.0, a), (2.0, b), (9.0, plain), (4.0, d)]) == [a, b, c, plain]
-    assert bench.pick_best([(3.0, c), (1.0, a), (2.0, plain)]) == [a, plain, c]
+    st = staged(256)
+    st.alone[1] = {c: 3.0, a: 1.0, b: 2.0, plain: 9.0, d: 4.0}
+    assert st._top_tilings(1) == [a, b, c, plain]
+    st.alone[1] = {c: 3.0, a: 1.0, plain: 2.0}
+    assert st._top_tilings(1) == [a, plain, c]
 
 
-def test_cluster_variants_are_the_feasible_cluster_shapes_of_each_tiling():
-    _, fs = feasible(256)  # two 128-row tiles: both cluster shapes divide both stages
-    got = bench.cluster_variants(fs, 1, [T])
-    assert [(v.cm, v.cn) for v in got] == [(2, 1), (1, 2)] and all(v.bn == 192 for v in got)
-    _, fs64 = feasible(64)  # one row of 64-row tiles: no cluster along M
-    t64 = StageTiles(64, 96, 128, 1, 1, 4, 1, "wgmma_tma")
-    assert [(v.cm, v.cn) for v in bench.cluster_variants(fs64, 1, [t64])] == [(1, 2)]
-    assert bench.cluster_variants(fs64, 1, [StageTiles(64, 96, 64, 2, 2, 4)]) == []  # mma.sync has no TMA
+def test_cluster_variants_of_the_fastest_tilings_are_the_feasible_cluster_shapes():
+    st = staged(256)  # two 128-row tiles: both cluster shapes divide both stages
+    probe = st.propose(400)
+    # TMA-fed tilings fastest: only they can run in clusters.
+    st.observe(Outcome(p, (10.0 if p.tiles.mma == "wgmma_tma" else 50.0) + i) for i, p in enumerate(probe))
+    more = st.propose(400)
+    st.observe(Outcome(p, 100.0) for p in more)
+    clustered = st.propose(400)
+    assert clustered and all(p.phase == "stage pass" and p.tiles.cluster > 1 for p in clustered)
+    fastest = {j: st.fastest(j, CLUSTER_TOP, clustered=False) for j in range(2)}
+    for p in clustered:
+        plain = replace(p.tiles, cm=1, cn=1)
+        assert plain in fastest[p.stage] and p.tiles in st.allowed[p.stage]
+    assert {(p.tiles.cm, p.tiles.cn) for p in clustered} == {(2, 1), (1, 2)}
+    st64 = staged(64)  # one row of 64-row tiles: no cluster along M
+    assert not [t for t in st64.allowed[1] if t.cm > 1]
 
 
 class FakeRunner:
@@ -50,6 +74,10 @@ class FakeRunner:
 
 
 class FakeBackend:
+    """What GpuBackend.time_rounds uses of its backend: load, verify and the repetition counts."""
+
+    warmup, reps, IDLE_S = 1, 3, 0.0
+
     def __init__(self, log, broken=(), broken_after_timing=()):
         self.log, self.broken, self.broken_after_timing = log, broken, broken_after_timing
 
@@ -64,43 +92,25 @@ class FakeBackend:
             return 0.0, "incorrect"
         return 0.001, None
 
-    def problem(self, chain):
-        class P:
-            xs, ws = [None], [None]
-        return P()
+
+CHAIN64 = get_workload("gpt3").chain(tokens=64)
+STREAM = Config((T, T), "stream", "row", "block", "serial")
+TILE = Config((T, T), "tile", "row", "block", "two_stream")
 
 
-def test_final_rounds_interleave_every_contestant_and_leave_out_one_that_fails_verification(monkeypatch):
-    import tuner.baselines
-
+def test_final_rounds_interleave_every_contestant_and_leave_out_one_that_fails_verification():
     log: list[str] = []
-    monkeypatch.setattr(tuner.baselines, "baseline_timers",
-                        lambda chain, x, ws: {"cublas": lambda w, r: log.append("cublas") or [50.0] * r})
-    chain = get_workload("gpt3").chain(tokens=64)
-    contestants = {"stream": Config((T, T), "stream", "row", "block", "serial"),
-                   "tile": Config((T, T), "tile", "row", "block", "two_stream")}
-    notes: list[str] = []
-    out = bench.final_rounds(FakeBackend(log, broken=("tile",)), chain, contestants, rounds=3, log=notes.append,
-                             idle_s=0)
+    extra = {"cublas": lambda w, r: log.append("cublas") or [50.0] * r}
+    out = GpuBackend.time_rounds(FakeBackend(log, broken=("tile",)), CHAIN64, [STREAM, TILE], 3, extra=extra)
     assert log == ["stream", "cublas"] * 3
-    assert set(out) == {"stream", "cublas"} and len(out["stream"]) == 3
-    assert any("leave out tile" in n and "incorrect" in n for n in notes)
+    assert len(out[STREAM]) == 3 and len(out["cublas"]) == 3 and out[TILE] == "incorrect"
 
 
-def test_final_rounds_leave_out_a_config_that_goes_wrong_while_it_is_timed(monkeypatch):
-    import tuner.baselines
-
+def test_final_rounds_leave_out_a_config_that_goes_wrong_while_it_is_timed():
     log: list[str] = []
-    monkeypatch.setattr(tuner.baselines, "baseline_timers", lambda chain, x, ws: {})
-    chain = get_workload("gpt3").chain(tokens=64)
-    contestants = {"stream": Config((T, T), "stream", "row", "block", "serial"),
-                   "tile": Config((T, T), "tile", "row", "block", "two_stream")}
-    notes: list[str] = []
-    out = bench.final_rounds(FakeBackend(log, broken_after_timing=("tile",)), chain, contestants, rounds=2,
-                             log=notes.append, idle_s=0)
+    out = GpuBackend.time_rounds(FakeBackend(log, broken_after_timing=("tile",)), CHAIN64, [STREAM, TILE], 2)
     assert log == ["stream", "tile"] * 2  # it verified before, so it was timed
-    assert set(out) == {"stream"}
-    assert any("leave out tile" in n and "after the timed rounds" in n for n in notes)
+    assert len(out[STREAM]) == 2 and out[TILE] == "incorrect after the timed rounds"
 
 
 def test_the_three_fastest_of_each_kind_go_to_the_final_rounds_and_the_rounds_pick():
@@ -110,7 +120,8 @@ def test_the_three_fastest_of_each_kind_go_to_the_final_rounds_and_the_rounds_pi
                                             ("t3", "row", "row", "two_stream"), ("t4", "row", "col", "two_stream"))}
     passed = [(130.0, cfg["s2"]), (129.0, cfg["s1"]), (131.0, cfg["t1"]), (129.5, cfg["t2"]), (140.0, cfg["t4"]),
               (130.5, cfg["t3"])]
-    fin = bench.finalists(passed)
+    assert finalists(passed) == [cfg["s1"], cfg["s2"], cfg["t2"], cfg["t3"], cfg["t1"]]
+    fin = bench.named_finalists(passed)
     assert fin == {"stream": cfg["s1"], "stream#2": cfg["s2"], "tile": cfg["t2"], "tile#2": cfg["t3"],
                    "tile#3": cfg["t1"]}
     # The rounds, at one clock for all, decide: stream#2 wins its kind; tile#2 was left out.

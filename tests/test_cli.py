@@ -44,7 +44,8 @@ def test_every_command_has_help(capsys, command):
 @pytest.mark.parametrize("command", COMMANDS)
 def test_only_commands_that_use_the_study_database_offer_storage(capsys, command):
     _, out, _ = run(capsys, command, "--help")
-    assert ("--storage" in out) == (command in ("study", "export", "show", "list"))
+    # bench searches through the study's loop and storage, so a size tuned there costs no new trial.
+    assert ("--storage" in out) == (command in ("study", "bench", "export", "show", "list"))
 
 
 def test_top_level_help_and_version(capsys):
@@ -68,7 +69,7 @@ BAD_SPACE = "[stage]\nbm = [16]\nbn = [64]\nbk = [32]\nwm = [1]\nwn = [1]\nstage
 
 @pytest.mark.parametrize("argv, needles", [
     (["study", "gpt4"], ["unknown workload 'gpt4'", "gpt3, llama"]),
-    (["study", "gpt3", "--sampler", "bayes"], ["--sampler", "tpe", "random", "grid"]),
+    (["study", "gpt3", "--strategy", "bayes"], ["--strategy", "staged", "tpe", "random", "grid"]),
     (["study", "gpt3", "--tokens", "0"], ["--tokens", "positive integers"]),
     (["study", "gpt3", "--tokens", "abc"], ["--tokens", "'abc'"]),
     (["study", "gpt3", "--trials", "-3"], ["--trials", "positive integer"]),
@@ -113,9 +114,9 @@ def test_bad_space_file_names_the_key(capsys, tmp_path, replay_args):
 
 def test_bad_study_file_names_the_key(capsys, tmp_path, replay_args):
     f = tmp_path / "mine.toml"
-    f.write_text('workload = "gpt3"\nsamplr = "tpe"\n')
+    f.write_text('workload = "gpt3"\nstratgy = "tpe"\n')
     rc, _, err = run(capsys, "study", "gpt3", "--study-file", str(f), *replay_args)
-    assert_one_line_error(rc, err, str(f), "'sampler'")
+    assert_one_line_error(rc, err, str(f), "'strategy'")
 
 
 def test_study_file_of_another_workload_is_refused(capsys, tmp_path, replay_args):
@@ -179,7 +180,7 @@ def test_bench_and_compile_hand_their_arguments_over(capsys, monkeypatch, comman
 
 def test_study_show_export_list_end_to_end(capsys, tmp_path, monkeypatch, replay_args, storage):
     monkeypatch.chdir(tmp_path)
-    rc, out, err = run(capsys, "study", "gpt3", "--tokens", "1,64,2", "--trials", "3", "--sampler", "random",
+    rc, out, err = run(capsys, "study", "gpt3", "--tokens", "1,64,2", "--trials", "3", "--strategy", "random",
                        *replay_args)
     assert rc == 0, err
     assert "gpt3/tokens=2,hidden=12288,ffn=6144: skipped" in out
@@ -205,7 +206,7 @@ def test_study_show_export_list_end_to_end(capsys, tmp_path, monkeypatch, replay
 
 def test_auto_backend_without_gpu_replays_and_says_so(capsys, no_gpu, monkeypatch, storage):
     monkeypatch.setattr(tuner.backends, "default_recordings", lambda: [])
-    rc, out, err = run(capsys, "study", "gpt3", "--tokens", "64", "--trials", "2", "--sampler", "random",
+    rc, out, err = run(capsys, "study", "gpt3", "--tokens", "64", "--trials", "2", "--strategy", "random",
                        "--storage", storage)
     assert rc == 0, err
     first = out.splitlines()[0]
@@ -232,7 +233,7 @@ def test_module_entry_point_runs_as_a_program(tmp_path, synthetic_file):
     env = {**os.environ, "PYTHONPATH": str(home())}
     url = f"sqlite:///{tmp_path / 't.db'}"
     ok = subprocess.run([sys.executable, "-m", "tuner", "study", "gpt3", "--tokens", "64", "--trials", "2",
-                         "--sampler", "random", "--backend", "replay", "--replay-file", str(synthetic_file),
+                         "--strategy", "random", "--backend", "replay", "--replay-file", str(synthetic_file),
                          "--storage", url], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     bad = subprocess.run([sys.executable, "-m", "tuner", "study", "gpt3", "--tokens", "0"], capture_output=True,

@@ -24,7 +24,7 @@ def tune(url: str, synthetic_file, tokens=(1, 64), trials=6) -> None:
     backend = ReplayBackend([synthetic_file])
     space = load_space(SPACE)
     for t in tokens:
-        run_study(get_workload("gpt3").chain(tokens=t), space, backend, url, sampler="random", seed=4, trials=trials,
+        run_study(get_workload("gpt3").chain(tokens=t), space, backend, url, strategy="random", seed=4, trials=trials,
                   check=None)
 
 

@@ -60,8 +60,13 @@ class FakeBackend(Backend):
 
     def measure(self, chain, cfg: Config) -> Measurement:
         # A measuring backend must never see a config that breaks a constraint or the checker.
-        assert self.fs.contains(cfg) is None, self.fs.contains(cfg)
-        assert self.check is None or self.check(chain, cfg) is None
+        if len(chain.stages) == len(CHAIN.stages):
+            assert self.fs.contains(cfg) is None, self.fs.contains(cfg)
+            assert self.check is None or self.check(chain, cfg) is None
+        else:  # a stage timed alone
+            assert self.fs.accepts_tiling(CHAIN.stages.index(next(s for s in CHAIN.stages
+                                                                   if s.name == chain.stages[0].name)),
+                                          cfg.tiles[0])
         self.calls.append(cfg)
         if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
             raise KeyboardInterrupt
@@ -81,35 +86,31 @@ def measured(trials):
     return [t for t in trials if t.user_attrs.get("measured")]
 
 
-def test_backend_only_receives_feasible_configs_the_checker_accepts(storage):
-    backend = FakeBackend()
-    out = run_study(CHAIN, SMALL, backend, storage, sampler="tpe", seed=0, trials=8, check=no_col_order)
-    assert out.summary.measured == 8 and out.stop == "budget"
+@pytest.mark.parametrize("strategy", ["tpe", "random", "grid", "staged"])
+def test_no_strategy_stores_a_refused_config_and_the_backend_sees_only_accepted_ones(storage, strategy):
+    backend = FakeBackend()  # asserts that every config it measures is feasible and checker-accepted
+    out = run_study(CHAIN, SMALL, backend, storage, strategy=strategy, seed=0, trials=12, check=no_col_order)
+    assert out.measured == 12 and out.stop == "budget" and out.refused == 0
     trials = trials_of(storage)
-    assert len(measured(trials)) == 8
-    refused = [t for t in trials if t.user_attrs.get("reason") == "constraint"]
-    # TPE proposes from the static domains, so some proposals are refused before measuring.
-    assert refused and all(t.state == TrialState.FAIL and not t.user_attrs["measured"] for t in refused)
-    names = {t.user_attrs["message"].split(":")[0] for t in refused}
-    assert names <= {"launch_mode", "fused_threads", "policy_requires", "warp_tile", "threads", "accumulators",
-                     "shared_memory", "tile_height", "tile_width", "split_k", "sync_checker"}
-
-
-def test_a_refused_tpe_proposal_is_followed_by_its_nearest_feasible_config(storage):
-    out = run_study(CHAIN, SMALL, FakeBackend(), storage, sampler="tpe", seed=0, trials=8, check=no_col_order)
-    trials = trials_of(storage)
+    assert all(t.user_attrs["measured"] for t in trials)  # nothing refused, nothing failed on purpose, stored
     fs = SMALL.feasible(CHAIN, DEVICE)
-    refused = [i for i, t in enumerate(trials) if t.user_attrs.get("reason") == "constraint"]
-    assert refused and out.new_rejected <= out.summary.measured
-    for i in refused:
-        proposal = Config.from_params(trials[i].params, 2)
-        follow = Config.from_params(trials[i + 1].params, 2)
-        assert fs.contains(follow) is None
-        assert sum(a != b for a, b in zip(proposal.params().values(), follow.params().values())) <= 3
+    assert all(fs.contains(Config.from_params(t.params, 2)) is None for t in trials)
+
+
+def test_tpe_replaces_a_refused_suggestion_by_a_close_usable_config(storage):
+    from tuner.strategies import SearchContext, make
+
+    fs = SMALL.feasible(CHAIN, DEVICE)
+    tpe = make("tpe")
+    tpe.start(SearchContext(CHAIN, fs, DEVICE, lambda c: no_col_order(CHAIN, c) is None, 40, seed=0))
+    drawn = [tpe.draw() for _ in range(40)]
+    for c in drawn:
+        tpe.seen.add(c)
+    assert len(set(drawn)) == 40 and all(fs.contains(c) is None and c.order != "col" for c in drawn)
 
 
 def test_every_study_holds_a_measured_stream_baseline(storage):
-    run_study(CHAIN, SMALL, FakeBackend(), storage, sampler="tpe", trials=4, check=no_col_order)
+    run_study(CHAIN, SMALL, FakeBackend(), storage, strategy="tpe", trials=4, check=no_col_order)
     first = measured(trials_of(storage))[0]
     assert first.params["policy"] == "stream" and first.state == TrialState.COMPLETE
     study = optuna.load_study(study_name=study_name(CHAIN, DEVICE), storage=storage)
@@ -123,21 +124,20 @@ def test_warm_start_configs_are_measured_first_stream_pick_leading_and_unfit_one
     stream = next(c for c in fs if c.policy == "stream" and c.order == "row" and c not in fs.baselines())
     outside = Config(good.tiles, "tile", "row", "block", "serial")  # the tile policy never runs serially
     backend, heard = FakeBackend(), []
-    run_study(CHAIN, SMALL, backend, storage, sampler="tpe", trials=6, check=no_col_order,
+    run_study(CHAIN, SMALL, backend, storage, strategy="tpe", trials=6, check=no_col_order,
               warm=[outside, good, stream], log=heard.append)
     assert backend.calls[:2] == [stream, good] and outside not in backend.calls
     assert backend.calls[2:2 + len(fs.baselines())] == fs.baselines()
     assert heard == [f"{CHAIN.label}: warm start: 2 of 3 configs a bench picked are in this space"]
     # Without a stream pick, the space's stream baselines still come first.
     other = FakeBackend()
-    run_study(CHAIN, SMALL, other, f"sqlite:///{tmp_path / 'w.db'}", sampler="tpe", trials=6, check=no_col_order,
+    run_study(CHAIN, SMALL, other, f"sqlite:///{tmp_path / 'w.db'}", strategy="tpe", trials=6, check=no_col_order,
               warm=[good])
-    n = len(fs.baselines())
-    assert other.calls[:n] == fs.baselines() and other.calls[n] == good
+    assert other.calls[:3] == [fs.baselines()[0], good, *fs.baselines()[1:2]]
 
 
 def test_trial_records_what_was_measured(storage):
-    run_study(CHAIN, SMALL, FakeBackend(), storage, sampler="random", trials=3, check=no_col_order)
+    run_study(CHAIN, SMALL, FakeBackend(), storage, strategy="random", trials=3, check=no_col_order)
     t = measured(trials_of(storage))[0]
     for key in ("config", "source_hash", "compile_s", "resources", "error", "times_us", "device", "tuner_version",
                 "backend", "replayed", "cached"):
@@ -147,23 +147,23 @@ def test_trial_records_what_was_measured(storage):
 
 
 def test_rerun_with_same_budget_measures_nothing_and_a_larger_budget_continues(storage):
-    run_study(CHAIN, SMALL, FakeBackend(), storage, sampler="random", trials=5, check=no_col_order)
+    run_study(CHAIN, SMALL, FakeBackend(), storage, strategy="random", trials=5, check=no_col_order)
     again = FakeBackend()
-    out = run_study(CHAIN, SMALL, again, storage, sampler="random", trials=5, check=no_col_order)
+    out = run_study(CHAIN, SMALL, again, storage, strategy="random", trials=5, check=no_col_order)
     assert again.calls == [] and out.new_trials == 0 and out.summary.measured == 5
     more = FakeBackend()
-    out = run_study(CHAIN, SMALL, more, storage, sampler="random", trials=8, check=no_col_order)
+    out = run_study(CHAIN, SMALL, more, storage, strategy="random", trials=8, check=no_col_order)
     assert out.summary.measured == 8 and len(more.calls) == 3
 
 
 def test_resume_after_interrupt_loses_and_repeats_nothing(storage):
     first = FakeBackend(interrupt_at=4)
-    out = run_study(CHAIN, SMALL, first, storage, sampler="random", seed=2, trials=8, check=no_col_order)
+    out = run_study(CHAIN, SMALL, first, storage, strategy="random", seed=2, trials=8, check=no_col_order)
     assert out.interrupted and out.summary.measured == 3
     done_before = {Config.from_params(t.params, 2) for t in trials_of(storage) if t.state == TrialState.COMPLETE}
     assert len(done_before) == 3
     second = FakeBackend()
-    out = run_study(CHAIN, SMALL, second, storage, sampler="random", seed=2, trials=8, check=no_col_order)
+    out = run_study(CHAIN, SMALL, second, storage, strategy="random", seed=2, trials=8, check=no_col_order)
     assert out.summary.measured == 8
     assert second.calls[0] == first.calls[3]  # the trial cut short is measured first on resume
     complete = [Config.from_params(t.params, 2) for t in trials_of(storage) if t.state == TrialState.COMPLETE]
@@ -177,34 +177,32 @@ def test_ctrl_c_while_a_result_is_written_takes_effect_once_it_is_stored(storage
 
     import tuner.study
 
-    real_finish = tuner.study._finish
+    real_save = tuner.study.MeasurementStore.save
     calls: list = []
 
-    def finish_interrupted_midway(study, trial, state, value, attrs):
-        if attrs.get("measured"):
-            calls.append(trial)
-        if attrs.get("measured") and len(calls) == 3:  # the third measured result: Ctrl-C between two writes
-            trial.set_user_attr("config", attrs["config"])
+    def save_interrupted_midway(self, device, label, config, m):
+        calls.append(config)
+        if len(calls) == 3:  # the third measured result: Ctrl-C between the cache write and the trial's
             signal.raise_signal(signal.SIGINT)
-        return real_finish(study, trial, state, value, attrs)
+        return real_save(self, device, label, config, m)
 
-    monkeypatch.setattr(tuner.study, "_finish", finish_interrupted_midway)
+    monkeypatch.setattr(tuner.study.MeasurementStore, "save", save_interrupted_midway)
     backend = FakeBackend()
-    out = run_study(CHAIN, SMALL, backend, storage, sampler="random", seed=4, trials=8, check=no_col_order)
+    out = run_study(CHAIN, SMALL, backend, storage, strategy="random", seed=4, trials=8, check=no_col_order)
     assert out.interrupted and out.summary.measured == 3 and len(backend.calls) == 3
     third = measured(trials_of(storage))[2]
     assert third.state == TrialState.COMPLETE and "times_us" in third.user_attrs  # written whole
-    monkeypatch.setattr(tuner.study, "_finish", real_finish)
+    monkeypatch.setattr(tuner.study.MeasurementStore, "save", real_save)
     again = FakeBackend()
-    run_study(CHAIN, SMALL, again, storage, sampler="random", seed=4, trials=8, check=no_col_order)
+    run_study(CHAIN, SMALL, again, storage, strategy="random", seed=4, trials=8, check=no_col_order)
     assert not set(backend.calls) & set(again.calls) and len(measured(trials_of(storage))) == 8
 
 
 def test_cache_answers_a_second_study_without_the_backend(storage):
-    run_study(CHAIN, SMALL, FakeBackend(), storage, sampler="random", seed=1, trials=5, check=no_col_order)
+    run_study(CHAIN, SMALL, FakeBackend(), storage, strategy="random", seed=1, trials=5, check=no_col_order)
     optuna.delete_study(study_name=study_name(CHAIN, DEVICE), storage=storage)
     again = FakeBackend()
-    out = run_study(CHAIN, SMALL, again, storage, sampler="random", seed=1, trials=5, check=no_col_order)
+    out = run_study(CHAIN, SMALL, again, storage, strategy="random", seed=1, trials=5, check=no_col_order)
     assert again.calls == []
     assert out.cache_hits == 5
     assert all(t.user_attrs["cached"] for t in measured(trials_of(storage)))
@@ -213,7 +211,7 @@ def test_cache_answers_a_second_study_without_the_backend(storage):
 def test_failures_are_stored_with_their_reason(storage):
     reasons = [r for r in FAIL_REASONS if r != "constraint"]
     backend = FakeBackend(fail=lambda i: reasons[i % len(reasons)] if i >= 1 else None)
-    out = run_study(CHAIN, SMALL, backend, storage, sampler="random", trials=1 + len(reasons), check=no_col_order)
+    out = run_study(CHAIN, SMALL, backend, storage, strategy="random", trials=1 + len(reasons), check=no_col_order)
     failed = [t for t in measured(trials_of(storage)) if t.state == TrialState.FAIL]
     assert sorted(t.user_attrs["reason"] for t in failed) == sorted(reasons)
     assert all(t.user_attrs["message"].endswith("on purpose") for t in failed)
@@ -224,7 +222,7 @@ def test_same_seed_gives_the_same_trials_on_replay(tmp_path, synthetic_file):
     def run(db: str):
         backend = ReplayBackend([synthetic_file])
         url = f"sqlite:///{tmp_path / db}"
-        out = run_study(CHAIN, shipped_space(), backend, url, sampler="tpe", seed=3, trials=6, check=no_col_order)
+        out = run_study(CHAIN, shipped_space(), backend, url, strategy="tpe", seed=3, trials=6, check=no_col_order)
         trials = trials_of(url, device=backend.device_info())
         return [(t.state, t.params, t.value) for t in trials], out.summary.best.params
 
@@ -241,7 +239,7 @@ def test_replay_never_asks_for_an_unrecorded_config(storage, synthetic_file):
         return original(chain, cfg)
 
     backend.measure = spy
-    out = run_study(CHAIN, shipped_space(), backend, storage, sampler="random", seed=0, trials=10, check=None)
+    out = run_study(CHAIN, shipped_space(), backend, storage, strategy="random", seed=0, trials=10, check=None)
     recorded = set(backend.recorded(CHAIN))
     assert out.summary.measured == 10 and set(asked) <= recorded
     assert all(t.user_attrs["replayed"] for t in measured(trials_of(storage, device=backend.device_info())))
@@ -253,19 +251,20 @@ def test_grid_sampler_stops_when_every_recorded_config_was_tried(tmp_path):
     m = Measurement(ok=True, median_us=10.0, times_us=[10.0])
     rec = tmp_path / "few.measurements.json"
     write_recording(rec, DEVICE, [Record(CHAIN.label, c, m) for c in picked], "test")
-    out = run_study(CHAIN, SMALL, ReplayBackend([rec]), f"sqlite:///{tmp_path / 'g.db'}", sampler="grid",
+    out = run_study(CHAIN, SMALL, ReplayBackend([rec]), f"sqlite:///{tmp_path / 'g.db'}", strategy="grid",
                     trials=10, check=None)
     assert out.stop == "exhausted" and out.summary.measured == len(set(picked))
 
 
 def test_study_always_ends_when_every_suggestion_is_refused(storage):
     refuse_all = lambda chain, cfg: "refused"  # noqa: E731
-    out = run_study(CHAIN, SMALL, FakeBackend(check=None), storage, sampler="tpe", trials=1, check=refuse_all)
-    assert out.stop == "rejections" and out.summary.measured == 0 and out.new_rejected == 20
+    out = run_study(CHAIN, SMALL, FakeBackend(check=None), storage, strategy="tpe", trials=1, check=refuse_all)
+    assert out.stop == "exhausted" and out.summary.measured == 0 and out.refused == 0
+    assert trials_of(storage) == []
 
 
 def test_timeout_stops_the_study(storage):
-    out = run_study(CHAIN, SMALL, FakeBackend(), storage, sampler="random", trials=50, timeout=1e-9,
+    out = run_study(CHAIN, SMALL, FakeBackend(), storage, strategy="random", trials=50, timeout=1e-9,
                     check=no_col_order)
     assert out.stop == "timeout" and out.summary.measured < 50
 
@@ -283,7 +282,7 @@ def test_the_default_checker_is_tuner_checker(storage, monkeypatch):
     fake.check = lambda chain, cfg: None if cfg.policy == "stream" else "only stream here"
     monkeypatch.setitem(sys.modules, "tuner.checker", fake)
     backend = FakeBackend(check=fake.check)
-    run_study(CHAIN, SMALL, backend, storage, sampler="random", trials=4)
+    run_study(CHAIN, SMALL, backend, storage, strategy="random", trials=4)
     assert backend.calls and all(c.policy == "stream" for c in backend.calls)
 
 
@@ -300,7 +299,7 @@ def test_shipped_study_files_load():
     for name in ("gpt3", "llama"):
         spec = default_study(name)
         assert spec.workload == name and spec.sizes["tokens"] == get_workload(name).sweep
-        assert spec.space.exists() and spec.sampler == "tpe" and spec.trials == 100
+        assert spec.space.exists() and spec.strategy == "staged" and spec.trials is None
 
 
 def test_study_file_typo_names_file_and_nearest_key(tmp_path):
@@ -313,7 +312,7 @@ def test_study_file_typo_names_file_and_nearest_key(tmp_path):
 
 @pytest.mark.parametrize("text, match", [
     ('workload = "gpt4"', "unknown workload"),
-    ('workload = "gpt3"\nsampler = "bayes"', "tpe, random, grid"),
+    ('workload = "gpt3"\nstrategy = "bayes"', "staged, tpe, random, grid"),
     ('workload = "gpt3"\nsizes = {tokns = [1]}', "did you mean 'tokens'"),
     ('workload = "gpt3"\nsizes = {tokens = [0]}', "positive integer"),
     ('workload = "gpt3"\ntrials = 0', "positive integer"),
@@ -344,7 +343,7 @@ def test_synthetic_recording_is_reproduced_by_its_script(tmp_path, synthetic_fil
 
 
 def test_a_changed_space_is_refused_on_resume(storage):
-    run_study(CHAIN, SMALL, FakeBackend(), storage, sampler="random", trials=2, check=no_col_order)
+    run_study(CHAIN, SMALL, FakeBackend(), storage, strategy="random", trials=2, check=no_col_order)
     wider = parse_space({"stage": {**SMALL.stage, "bk": [32, 64]}}, "wider.toml")
     with pytest.raises(StudyError, match="other choices for gemm1.bk"):
-        run_study(CHAIN, wider, FakeBackend(space=wider), storage, sampler="random", trials=3, check=no_col_order)
+        run_study(CHAIN, wider, FakeBackend(space=wider), storage, strategy="random", trials=3, check=no_col_order)

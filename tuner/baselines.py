@@ -93,26 +93,41 @@ def cupy_chain(chain: Chain, x, ws) -> Callable[[], Any]:
 
 
 def torch_chains(chain: Chain, x, ws) -> dict[str, Callable[[], Any]]:
-    """PyTorch variants of a GPT-3-style chain (GeLU epilogue only); empty when torch is absent."""
+    """PyTorch's chains as a PyTorch user writes them, eager and in a CUDA graph; for GeLU also with
+    cuBLASLt's GELU epilogue, for SwiGLU with gate and up as one GEMM (their weights concatenated
+    once, outside the timing) then ``silu(g) * u``. Empty when torch is absent."""
     try:
         import torch
     except Exception:
         return {}
-    if [s.epilogue for s in chain.stages] != ["gelu", "none"]:
+    epilogues = [s.epilogue for s in chain.stages]
+    if epilogues not in (["gelu", "none"], ["silu_mul", "none"]):
         return {}
     tx = torch.as_tensor(x, device="cuda")
     tw = [torch.as_tensor(w, device="cuda") for w in ws]
     F = torch.nn.functional
-    zero_bias = torch.zeros(tw[0].shape[0], dtype=torch.float16, device="cuda")
+    variants: dict[str, Callable[[], Any]] = {}
+    if epilogues[0] == "gelu":
+        zero_bias = torch.zeros(tw[0].shape[0], dtype=torch.float16, device="cuda")
 
-    def eager():
-        return F.linear(F.gelu(F.linear(tx, tw[0]), approximate="tanh"), tw[1])
+        def eager():
+            return F.linear(F.gelu(F.linear(tx, tw[0]), approximate="tanh"), tw[1])
 
-    def lt_gelu():
-        return torch.mm(torch._addmm_activation(zero_bias, tx, tw[0].t(), use_gelu=True), tw[1].t())
+        def lt_gelu():
+            return torch.mm(torch._addmm_activation(zero_bias, tx, tw[0].t(), use_gelu=True), tw[1].t())
 
-    out = {"torch eager": eager}
-    for name, fn in (("torch graph", eager), ("torch graph+cublasLt gelu", lt_gelu)):
+        variants = {"torch eager": eager, "torch graph": eager, "torch graph+cublasLt gelu": lt_gelu}
+    else:
+        # Our weight interleaves gate and up rows; a PyTorch model holds them as [gate; up].
+        w_gu = torch.cat([tw[0][0::2], tw[0][1::2]]).contiguous()
+
+        def eager():
+            g, u = F.linear(tx, w_gu).chunk(2, dim=-1)
+            return F.linear(F.silu(g) * u, tw[1])
+
+        variants = {"torch eager": eager, "torch graph": eager}
+    out = {"torch eager": variants.pop("torch eager")}
+    for name, fn in variants.items():
         try:
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())

@@ -7,7 +7,6 @@ maps errors to exit statuses.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import shlex
@@ -119,21 +118,33 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--ffn", type=_positive_int, metavar="N", help="MLP width")
 
     from .backends import BACKENDS  # noqa: PLC0415
-    from .study import SAMPLERS  # noqa: PLC0415
+    from .strategies import DEFAULT as DEFAULT_STRATEGY  # noqa: PLC0415
+    from .strategies import STRATEGIES  # noqa: PLC0415
+    from .study import DEFAULT_TRIALS  # noqa: PLC0415
+
+    def strategy(p: argparse.ArgumentParser, default: str | None) -> None:
+        p.add_argument("--strategy", choices=list(STRATEGIES), default=default,
+                       help="staged: each stage timed alone, the fastest tilings paired under every sync choice, "
+                            "then a neighbourhood search and final rounds; tpe, random, grid: whole-chain "
+                            "configs (default: " + (default or f"the study file's, else {DEFAULT_STRATEGY}") + ")")
 
     p = command("study", "tune a workload: one Optuna study per size and device", _cmd_study)
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
     sizes(p)
     p.add_argument("--study-file", type=Path, metavar="F", help="study TOML (default: studies/<workload>.toml)")
     p.add_argument("--space", type=Path, metavar="F", help="search space TOML (default: the study file's)")
-    p.add_argument("--sampler", choices=SAMPLERS, help="tpe, random or grid (default: the study file's)")
-    p.add_argument("--seed", type=_non_negative_int, metavar="N", help="sampler seed")
-    p.add_argument("--trials", type=_positive_int, metavar="N", help="measured trials per size, in total")
+    strategy(p, None)
+    p.add_argument("--seed", type=_non_negative_int, metavar="N", help="strategy seed")
+    p.add_argument("--trials", type=_positive_int, metavar="N",
+                   help="measured trials per size in total, stages timed alone included (default: the study "
+                        f"file's, else {', '.join(f'{k} {v}' for k, v in DEFAULT_TRIALS.items())}, others 100)")
     p.add_argument("--timeout", type=_positive_float, metavar="S", help="stop each size's study after S seconds")
     p.add_argument("--warm-start", type=Path, metavar="F",
                    help="bench summary whose picks for each size are measured first, after the stream baselines "
                         "(default: studies/<workload>.bench.json where it exists)")
-    p.add_argument("--no-warm-start", action="store_true", help="start from the stream baselines only")
+    p.add_argument("--no-warm-start", action="store_true", help="measure no bench summary's picks first")
+    p.add_argument("--no-transfer", action="store_true",
+                   help="do not start from the best configs of the nearest sizes already in the storage")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="gpu measures, replay answers from recordings, auto picks gpu when one is visible")
     p.add_argument("--replay-file", type=Path, nargs="+", action="extend", metavar="F",
@@ -145,15 +156,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="testing the isolation on a GPU: plant a fault in the N-th measured trial; "
                         "KIND is one of illegal_address, hang, missing_post")
 
-    p = command("bench", "measure a workload's configs on the GPU and record them", _cmd_bench, storage=False)
+    p = command("bench", "search a workload's sizes on the GPU, then time the finalists against every baseline",
+                _cmd_bench)
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
-    sizes(p, fixed=False)
+    sizes(p)
+    p.add_argument("--space", type=Path, metavar="F", help="search space TOML (default: search_spaces/<workload>.toml)")
+    strategy(p, DEFAULT_STRATEGY)
     p.add_argument("--trials", type=_positive_int, metavar="N",
-                   help="tilings per stage timed alone in the first pass (default: all the sweep proposes, 52); "
-                        "the best 3 per stage are then paired under each sync choice and the chains timed; "
-                        "the 3 fastest stream-sync and tile-sync chains are timed again, with every baseline, "
-                        "in 5 interleaved rounds that pick the reported ones")
-    p.add_argument("--seed", type=_non_negative_int, default=0, metavar="N", help="seed of the random inputs")
+                   help="measured trials of the search per size, as for study (a size the storage already "
+                        "holds costs no new trial); then the 3 fastest stream-sync and tile-sync chains are "
+                        "timed again, with every baseline, in 5 interleaved rounds after idle")
+    p.add_argument("--seed", type=_non_negative_int, default=0, metavar="N", help="strategy seed and random inputs")
+    p.add_argument("--compare", type=Path, action="append", metavar="F",
+                   help="a bench summary whose picks for each size join the final rounds (repeatable)")
     p.add_argument("--out", type=Path, metavar="PATH",
                    help="summary JSON (default: studies/<workload>.bench.json); the recording of every "
                         "measurement goes beside it as <name>.measurements.json")
@@ -191,24 +206,17 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
     from .store import MeasurementStore  # noqa: PLC0415
     from .bench import picked_configs  # noqa: PLC0415
     from .paths import home  # noqa: PLC0415
-    from .study import default_study, describe, figure_tag, load_study_file, run_study  # noqa: PLC0415
+    from .study import (default_study, describe, figure_tag, load_study_file, run_study,  # noqa: PLC0415
+                        sizes_from_args)
 
     wl = get_workload(args.workload)
     spec = load_study_file(args.study_file) if args.study_file else default_study(wl.name)
     if spec.workload != wl.name:
         raise UsageError(f"{spec.source} tunes {spec.workload}, not {wl.name}; accepted: "
                          f"python -m tuner study {spec.workload} --study-file {args.study_file}")
-    sizes = dict(spec.sizes)
-    for key in ("tokens", "hidden", "ffn"):
-        value = getattr(args, key)
-        if value is not None:
-            if key not in wl.params:
-                raise UsageError(f"workload {wl.name} has no size --{key}; accepted: "
-                                 f"{', '.join('--' + p for p in wl.params)}")
-            sizes[key] = value if isinstance(value, tuple) else (value,)
-    chains = dataclasses.replace(spec, sizes=sizes).chains()
+    chains = [wl.chain(**size) for size in sizes_from_args(wl, args, spec.sizes)]
     space = load_space(args.space or spec.space)
-    sampler = args.sampler or spec.sampler
+    strategy = args.strategy or spec.strategy
     seed = spec.seed if args.seed is None else args.seed
     trials = args.trials or spec.trials
     timeout = args.timeout or spec.timeout
@@ -238,8 +246,8 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
                              "(python -m tuner bench writes one)")
         for chain in chains:
             warm = picked_configs(warm_file, chain.label) if warm_file is not None else []
-            outcome = run_study(chain, space, backend, args.storage, sampler=sampler, seed=seed, trials=trials,
-                                timeout=timeout, progress=True, warm=warm, log=print)
+            outcome = run_study(chain, space, backend, args.storage, strategy=strategy, seed=seed, trials=trials,
+                                timeout=timeout, progress=True, warm=warm, transfer=not args.no_transfer, log=print)
             print(describe(outcome, tag))
             if outcome.interrupted:
                 print(f"interrupted: every measured trial is stored in {args.storage}; "

@@ -152,6 +152,11 @@ class Config:
         tiles = tuple(StageTiles(**{k: tile_value(k, v) for k, v in t.items() if k in names}) for t in d["tiles"])
         return cls(tiles, *(str(d[f]) for f in GLOBAL_FIELDS))
 
+    @property
+    def globals(self) -> tuple[str, str, str, str]:
+        """The sync choice: (policy, order, dispatch, launch)."""
+        return (self.policy, self.order, self.dispatch, self.launch)
+
     def grids(self, chain: Chain) -> tuple[StageGrid, ...]:
         return tuple(StageGrid(s, t) for s, t in zip(chain.stages, self.tiles))
 

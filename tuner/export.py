@@ -31,7 +31,7 @@ def collect(storage: str, workload: str) -> list[dict[str, Any]]:
     rows = []
     for s in optuna.get_all_study_summaries(rdb, include_best_trial=False):
         attrs = s.user_attrs
-        if attrs.get("workload") != wl.name:
+        if attrs.get("workload") != wl.name or "stage" in attrs:  # a stage timed alone is not a result
             continue
         trials = optuna.load_study(study_name=s.study_name, storage=rdb).get_trials(deepcopy=False)
         summ = summarize(trials)

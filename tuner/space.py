@@ -723,7 +723,7 @@ class FeasibleSet:
             for c in self._explicit:
                 for k, v in c.params().items():
                     used.setdefault(k, set()).add(v)
-            order = self._param_order()
+            order = self.param_order()
             return {k: [v for v in order[k] if v in used.get(k, ())] for k in order}
         live = [c for c, n in zip(self.combos, self._combo_counts) if n]
         for i, grids in enumerate(self.tilings):
@@ -735,7 +735,7 @@ class FeasibleSet:
             out[f] = [v for v in self.space.globals[f] if v in present]
         return out
 
-    def _param_order(self) -> dict[str, list]:
+    def param_order(self) -> dict[str, list]:
         out: dict[str, list] = {}
         for i, dom in enumerate(self.domains_space):
             for f in TILE_FIELDS:

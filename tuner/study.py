@@ -1,9 +1,10 @@
 """Study files and the tuning loop: one Optuna study per (workload, size, device).
 
-Each trial is asked for, checked against the hard constraints and the sync
-checker, measured (or served from the measurement cache), and told back at
-once, so an interrupted study loses nothing that was measured. The budget is
-the number of measured trials in the study: rerunning the same command does
+A search strategy (:mod:`tuner.strategies`) proposes batches of feasible measurements; the
+loop answers each from the study's history, the measurement cache or the backend, writes
+it as a trial the moment it is known (stages timed alone go to studies of their own), and
+tells the strategy. An interrupted study loses nothing that was measured. The budget is the
+number of measured trials, stage studies included: rerunning the same command measures
 nothing new, raising ``--trials`` continues where the study stopped.
 """
 from __future__ import annotations
@@ -15,31 +16,31 @@ import signal
 import sys
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
-
-import numpy as np
+from statistics import median
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from . import UsageError, __version__
-from .backends.base import FAIL_REASONS, Backend, DeviceInfo, Measurement
-from .config import Config
+from .backends.base import Backend
+from .config import GLOBAL_FIELDS, TILE_FIELDS, Config
 from .paths import home
 from .space import FeasibleSet, SearchSpace
 from .store import MeasurementStore, open_optuna_storage
+from .strategies import DEFAULT as DEFAULT_STRATEGY
+from .strategies import STAGE_ALONE, STRATEGIES, Outcome, Prior, Proposal, SearchContext, stage_config
+from .strategies import make as make_strategy
 from .tomlfile import did_you_mean, read_toml
+from .trials import (FINALISTS, StudyError, TrialBook, TrialSummary, is_stream, measurement_attrs, stage_study_name,  # noqa: F401
+                     study_name, summarize, transfer_candidates, trial_config)
 from .workloads import Chain, WorkloadError, get_workload
 
-SAMPLERS = ("tpe", "random", "grid")
-STUDY_KEYS = ("workload", "sizes", "space", "sampler", "seed", "trials", "timeout")
-REJECTION_FACTOR = 20  # infeasible suggestions allowed per trial of budget, so a study always ends
+STUDY_KEYS = ("workload", "sizes", "space", "strategy", "seed", "trials", "timeout")
+# The budget of one size by default: the staged search's stage pass, chain pass and refinement
+# take about two minutes at this size on the H200; the others measure whole chains only.
+DEFAULT_TRIALS = {"staged": 400}
 
 Checker = Callable[[Chain, Config], "str | None"]
-
-
-class StudyError(UsageError):
-    """A study file is malformed, or a study cannot run as asked."""
 
 
 # ---------------------------------------------------------------------------
@@ -48,14 +49,14 @@ class StudyError(UsageError):
 
 @dataclass(frozen=True)
 class StudySpec:
-    """What to tune: a workload, the sizes to sweep, the search space and the sampler settings."""
+    """What to tune: a workload, the sizes to sweep, the search space and the strategy's settings."""
 
     workload: str
     sizes: Mapping[str, tuple[int, ...]]
     space: Path
-    sampler: str = "tpe"
+    strategy: str = DEFAULT_STRATEGY
     seed: int = 0
-    trials: int = 100
+    trials: int | None = None  # None: the strategy's default (see DEFAULT_TRIALS)
     timeout: float | None = None
     source: str = "<defaults>"
 
@@ -107,9 +108,9 @@ def parse_study(data: Mapping[str, Any], source: str, beside: Path | None = None
         if not items:
             raise StudyError(f"{source}: sizes.{key} is empty; accepted: a positive integer or a list of them")
         sizes[key] = tuple(_positive_int(v, f"{source}: sizes.{key}") for v in items)
-    sampler = data.get("sampler", "tpe")
-    if sampler not in SAMPLERS:
-        raise StudyError(f"{source}: sampler = {sampler!r}: accepted: {', '.join(SAMPLERS)}")
+    strategy = data.get("strategy", DEFAULT_STRATEGY)
+    if strategy not in STRATEGIES:
+        raise StudyError(f"{source}: strategy = {strategy!r}: accepted: {', '.join(STRATEGIES)}")
     seed = data.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise StudyError(f"{source}: seed = {seed!r}: accepted: a non-negative integer")
@@ -119,9 +120,26 @@ def parse_study(data: Mapping[str, Any], source: str, beside: Path | None = None
     space = data.get("space", f"search_spaces/{wl.name}.toml")
     if not isinstance(space, str):
         raise StudyError(f"{source}: space = {space!r}: accepted: the path of a search space file")
-    return StudySpec(wl.name, sizes, resolve_path(space, beside), sampler, seed,
-                     _positive_int(data.get("trials", 100), f"{source}: trials"),
+    trials = data.get("trials")
+    return StudySpec(wl.name, sizes, resolve_path(space, beside), strategy, seed,
+                     None if trials is None else _positive_int(trials, f"{source}: trials"),
                      float(timeout) if timeout is not None else None, source)
+
+
+def sizes_from_args(wl: Any, args: Any, base: Mapping[str, tuple[int, ...]] | None = None) -> list[dict[str, int]]:
+    """Every size the command line asks for: ``--tokens`` and the other size flags of the workload
+    (each a value or a list) over ``base`` (the study file's sizes, else the workload's sweep)."""
+    sizes = dict(base or {wl.sweep_param: wl.sweep})
+    for key in wl.params:
+        value = getattr(args, key, None)
+        if value is not None:
+            sizes[key] = value if isinstance(value, tuple) else (value,)
+    for key in ("tokens", "hidden", "ffn"):
+        if getattr(args, key, None) is not None and key not in wl.params:
+            raise StudyError(f"workload {wl.name} has no size --{key}; accepted: "
+                             f"{', '.join('--' + p for p in wl.params)}")
+    keys = list(sizes)
+    return [dict(zip(keys, values)) for values in itertools.product(*(sizes[k] for k in keys))]
 
 
 def load_study_file(path: str | Path) -> StudySpec:
@@ -141,79 +159,6 @@ def default_study(workload: str) -> StudySpec:
 
 
 # ---------------------------------------------------------------------------
-# Reading a study's trials
-
-
-def study_name(chain: Chain, device: DeviceInfo | str) -> str:
-    """The Optuna study name: chain label and device, e.g. ``gpt3/tokens=64,hidden=12288,ffn=6144/NVIDIA H200``."""
-    name = device if isinstance(device, str) else device.name
-    return f"{chain.label}/{name}"
-
-
-def trial_config(trial: Any, n_stages: int) -> Config | None:
-    """The config a trial was given (its params, or the fixed params of a queued trial)."""
-    # A trial cut short while its params were being stored holds only some: its fixed params are whole.
-    for params in (trial.params, trial.system_attrs.get("fixed_params", {})):
-        try:
-            return Config.from_params(params, n_stages)
-        except (KeyError, TypeError, ValueError):
-            continue
-    return None
-
-
-def is_stream(trial: Any) -> bool:
-    return trial.params.get("policy") == "stream"
-
-
-@dataclass
-class TrialSummary:
-    """What a study's trials add up to."""
-
-    measured: int = 0
-    rejected: int = 0  # suggestions refused before measuring (hard constraint or sync checker)
-    best: Any = None  # the fastest complete trial (earliest on ties)
-    baseline: Any = None  # the fastest complete stream-policy trial
-    failures: Counter = field(default_factory=Counter)  # by reason, rejected suggestions included
-
-    @property
-    def best_us(self) -> float | None:
-        return self.best.value if self.best is not None else None
-
-    @property
-    def baseline_us(self) -> float | None:
-        return self.baseline.value if self.baseline is not None else None
-
-    @property
-    def speedup(self) -> float | None:
-        if self.best is None or self.baseline is None:
-            return None
-        return self.baseline.value / self.best.value
-
-    def add(self, trial: Any) -> None:
-        from optuna.trial import TrialState  # noqa: PLC0415
-
-        attrs = trial.user_attrs
-        if attrs.get("measured"):
-            self.measured += 1
-        if trial.state == TrialState.COMPLETE:
-            if self.best is None or trial.value < self.best.value:
-                self.best = trial
-            if is_stream(trial) and (self.baseline is None or trial.value < self.baseline.value):
-                self.baseline = trial
-        elif trial.state == TrialState.FAIL and attrs.get("reason") in FAIL_REASONS:
-            self.failures[attrs["reason"]] += 1
-            if not attrs.get("measured"):
-                self.rejected += 1
-
-
-def summarize(trials: Iterable[Any]) -> TrialSummary:
-    s = TrialSummary()
-    for t in sorted(trials, key=lambda t: t.number):
-        s.add(t)
-    return s
-
-
-# ---------------------------------------------------------------------------
 # The tuning loop
 
 
@@ -226,16 +171,30 @@ class StudyOutcome:
     device: str
     feasible: int
     summary: TrialSummary
-    new_trials: int = 0
-    new_rejected: int = 0
+    strategy: str = DEFAULT_STRATEGY
+    new_trials: int = 0  # measured in this run, stage studies included
+    stage_trials: int = 0  # measured trials of the stage studies, in total
     cache_hits: int = 0
-    stop: str = "budget"  # budget, timeout, rejections, exhausted or interrupted
+    refused: int = 0  # proposals the loop refused (a strategy bug if ever non-zero); never stored
+    elapsed_s: float = 0.0
+    stop: str = "budget"  # budget, timeout, exhausted or interrupted
+    budget: int = 0
     replayed: bool = False
     synthetic: bool = False
+    finalists: dict[str, float] = field(default_factory=dict)  # config short -> median of the final rounds
 
     @property
     def interrupted(self) -> bool:
         return self.stop == "interrupted"
+
+    @property
+    def measured(self) -> int:
+        """Measured trials counted against the budget: the chain's and its stages' alone."""
+        return self.summary.measured + self.stage_trials
+
+    @property
+    def trials_per_min(self) -> float | None:
+        return self.new_trials / self.elapsed_s * 60 if self.new_trials and self.elapsed_s > 0 else None
 
 
 def figure_tag(backend: Backend) -> str:
@@ -259,66 +218,37 @@ def load_checker(backend: Backend) -> Checker | None:
     return check
 
 
-def _proposals(fs: FeasibleSet, sampler: str, seed: int, seen: set[Config]) -> Iterator[Config]:
-    """Unseen feasible configs for the random and grid samplers, in an order fixed by the seed."""
-    if sampler == "random":
-        rng = np.random.default_rng(seed)
-        misses = 0
-        while misses < 1000:  # nearly everything seen: finish the set in grid order instead
-            c = fs.sample(rng)
-            if c in seen:
-                misses += 1
-                continue
-            misses = 0
-            yield c
-    for c in fs.grid(seed):
-        if c not in seen:
-            yield c
+def default_trials(strategy: str) -> int:
+    """The budget of one size when neither the command line nor the study file sets one."""
+    return DEFAULT_TRIALS.get(strategy, 100)
 
 
-def _draw_unseen(fs: FeasibleSet, seen: set[Config], accept: Callable[[Config], bool], seed: int, salt: int,
-                 tries: int = 100) -> Config | None:
-    """A feasible config not yet in the study that ``accept`` takes, drawn at random (deterministic in seed, salt)."""
-    rng = np.random.default_rng([seed, salt])
-    for _ in range(tries):
-        c = fs.sample(rng)
-        if c not in seen and accept(c):
-            return c
-    return None
+def _stage_domains(fs: FeasibleSet, j: int) -> dict[str, list]:
+    """The parameters of stage ``j``'s study: its tile fields as ``gemm1.*``, the sync choice fixed."""
+    order = fs.param_order()
+    out = {f"gemm1.{f}": order[f"gemm{j + 1}.{f}"] for f in TILE_FIELDS}
+    out.update({f: [v] for f, v in zip(GLOBAL_FIELDS, STAGE_ALONE)})
+    return out
 
 
-def _check_distributions(study: Any, domains: Mapping[str, list], name: str) -> None:
-    """Optuna refuses a parameter whose choices changed; say so before the first trial, in our words."""
-    from optuna.distributions import CategoricalDistribution  # noqa: PLC0415
-
-    for t in study.get_trials(deepcopy=False):
-        for param, dist in t.distributions.items():
-            if param in domains and dist != CategoricalDistribution(domains[param]):
-                raise StudyError(
-                    f"study {name!r} was run with other choices for {param} ({list(dist.choices)} now "
-                    f"{domains[param]}): the search space, device or recordings changed; "
-                    "accepted: the same space, or a new --storage")
-        if t.distributions:
-            return
-
-
-def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, *, sampler: str = "tpe",
-              seed: int = 0, trials: int = 100, timeout: float | None = None, check: Checker | None = None,
-              progress: bool = False, warm: Sequence[Config] = (),
+def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, *, strategy: str = DEFAULT_STRATEGY,
+              seed: int = 0, trials: int | None = None, timeout: float | None = None, check: Checker | None = None,
+              progress: bool = False, warm: Sequence[Config] = (), transfer: bool = True, final: bool = True,
               log: Callable[[str], Any] | None = None) -> StudyOutcome:
-    """Tune ``chain`` until the study holds ``trials`` measured trials, or time/suggestions run out.
+    """Tune ``chain`` until its studies hold ``trials`` measured trials, time runs out or the strategy is done.
 
     ``check`` is the sync-protocol checker (default: :func:`tuner.checker.check`). ``warm`` are
-    configs known to be good (a bench's picks), measured first where the space holds them (its
-    stream configs lead, else the space's stream baselines do); ``log`` hears how many were.
-    Ctrl-C ends the run cleanly: the trial in flight is requeued and the outcome
-    says ``stop == "interrupted"``.
+    configs known to be good (a bench's picks), measured first where the space holds them;
+    with ``transfer`` the best configs of the nearest sizes in the storage join them. With
+    ``final`` and a measuring backend, the fastest few of each kind are timed again in
+    interleaved rounds, whose medians give the study's best. Ctrl-C ends the run cleanly:
+    what was measured is stored and the outcome says ``stop == "interrupted"``.
     """
     import optuna  # noqa: PLC0415 - slow import
-    from optuna.trial import TrialState  # noqa: PLC0415
 
-    if sampler not in SAMPLERS:
-        raise StudyError(f"unknown sampler {sampler!r}; accepted: {', '.join(SAMPLERS)}")
+    if strategy not in STRATEGIES:
+        raise StudyError(f"unknown strategy {strategy!r}; accepted: {', '.join(STRATEGIES)}")
+    trials = trials or default_trials(strategy)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = backend.device_info()
     fs = space.feasible(chain, device)
@@ -330,176 +260,211 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
         raise StudyError(f"no feasible config for {chain.label} on {device.name}{tag}: {'; '.join(fs.reasons)}")
     if check is None:
         check = load_checker(backend)
+    verdicts: dict[Config, str | None] = {}
 
+    def accept(c: Config) -> bool:
+        """The sync checker's answer, asked once per config."""
+        if check is None:
+            return True
+        if c not in verdicts:
+            verdicts[c] = check(chain, c)
+        return verdicts[c] is None
+
+    strat = make_strategy(strategy)
     store = MeasurementStore(storage)
     rdb = open_optuna_storage(storage)
-    name = study_name(chain, device)
-    opt_sampler = (optuna.samplers.TPESampler(seed=seed) if sampler == "tpe"
-                   else optuna.samplers.RandomSampler(seed=seed))
-    study = optuna.create_study(study_name=name, storage=rdb, sampler=opt_sampler, direction="minimize",
-                                load_if_exists=True)
-    for key, value in {"workload": chain.workload, "size": chain.size_dict, "label": chain.label,
-                       "device": device.name, "backend": backend.name, "replayed": backend.replayed,
-                       "synthetic": bool(getattr(backend, "synthetic", False))}.items():
-        if study.user_attrs.get(key) != value:
-            study.set_user_attr(key, value)
-
-    domains = fs.domains()
-    _check_distributions(study, domains, name)
+    common = {"workload": chain.workload, "size": chain.size_dict, "label": chain.label, "device": device.name,
+              "backend": backend.name, "replayed": backend.replayed,
+              "synthetic": bool(getattr(backend, "synthetic", False))}
     n_stages = len(chain.stages)
-    _abandon_running(study, fs, n_stages)
-    history = study.get_trials(deepcopy=False)
-    summary = summarize(history)
-    seen = {c for c in (trial_config(t, n_stages) for t in history) if c is not None}
-    # Configs the study has decided (measured or refused), with the trial that did: never decided twice.
-    tried = {c: t.number for t in history if _decided(t) and (c := trial_config(t, n_stages)) is not None}
-    waiting = sum(t.state == TrialState.WAITING for t in history)
-    outcome = StudyOutcome(name, chain.label, device.name, fs.size, summary, replayed=backend.replayed,
+    book = TrialBook(rdb, study_name(chain, device), fs.param_order(), n_stages, common)
+    alone = [chain.alone(j) for j in range(n_stages)]
+    stage_books: list[TrialBook] = []
+    stage_tilings: list[list] = []
+    if strat.stage_pass:
+        for j, st in enumerate(chain.stages):
+            stage_books.append(TrialBook(rdb, stage_study_name(chain, j, device), _stage_domains(fs, j), 1,
+                                         {**common, "stage": st.name, "stage_shape": [st.m, st.n, st.k, st.epilogue]}))
+            grids = fs.tilings[j]
+            recorded = backend.restrict(alone[j], [stage_config(g.tiles) for g in grids])
+            if recorded is not None:
+                keep = {c.tiles[0] for c in recorded}
+                grids = [g for g in grids if g.tiles in keep]
+            stage_tilings.append(grids)
+    outcome = StudyOutcome(book.name, chain.label, device.name, fs.size, book.summary, strategy=strategy,
+                           budget=trials, replayed=backend.replayed,
                            synthetic=bool(getattr(backend, "synthetic", False)))
-    if summary.measured >= trials:
-        return outcome
-    if summary.baseline is not None:
-        backend.set_reference_time(summary.baseline.value)
+    outcome.stage_trials = sum(b.summary.measured for b in stage_books)
 
+    prior = Prior(chain=list(warm))
+    if transfer:
+        near_chain, near_stages = transfer_candidates(rdb, chain, device)
+        prior.chain += [c for c in near_chain if c not in prior.chain]
+        prior.stages = near_stages
     fit = [c for c in warm if fs.contains(c) is None]
     if warm and log is not None:
         log(f"{chain.label}: warm start: {len(fit)} of {len(warm)} configs a bench picked are in this space"
             + ("" if len(fit) == len(warm) else " (and recorded)" if backend.replayed else ""))
-    # The bench's stream pick is the best stream baseline known, so it goes first (a study always
-    # starts with a stream-policy trial); without one, the space's stream baselines lead.
-    fit.sort(key=lambda c: c.policy != "stream")
-    first = [*fit, *fs.baselines()] if fit and fit[0].policy == "stream" else [*fs.baselines(), *fit]
-    for cfg in first:
-        if cfg not in seen:
-            study.enqueue_trial(cfg.params())
-            seen.add(cfg)
-            waiting += 1
-    proposals = _proposals(fs, sampler, seed, seen) if sampler != "tpe" else None
-    verdicts: dict[Config, str | None] = {}
-
-    def verdict(c: Config) -> str | None:
-        """The sync checker's answer, asked once per config."""
-        if check is None:
-            return None
-        if c not in verdicts:
-            verdicts[c] = check(chain, c)
-        return verdicts[c]
-
-    def repair(cfg: Config) -> bool:
-        """Queue the closest unseen feasible config the checker accepts; False when none is left.
-
-        TPE learns nothing from failed trials and would propose the same thing again; it does
-        learn from the measured neighbour.
-        """
-        nonlocal waiting
-        sound = lambda c: verdict(c) is None  # noqa: E731
-        repaired = fs.nearest(cfg, seen, sound) or _draw_unseen(fs, seen, sound, seed, len(seen))
-        if repaired is None:
-            return False
-        study.enqueue_trial(repaired.params())
-        seen.add(repaired)
-        waiting += 1
-        return True
+    ctx = SearchContext(chain, fs, device, accept, trials, seed, prior, stage_tilings)
+    strat.start(ctx)
+    if book.summary.baseline is not None:
+        backend.set_reference_time(book.summary.baseline.value)
 
     source_hash = _source_hasher(backend)
     device_attr = device.to_dict()
-    deadline = time.monotonic() + timeout if timeout else None
-    cap = REJECTION_FACTOR * trials
-    repeats = 0
-    bar = _progress_bar(progress, trials, summary.measured, chain.label + tag)
-    _show(bar, summary, tag)
+    t_start = time.monotonic()
+    deadline = t_start + timeout if timeout else None
+    bar = _progress_bar(progress, trials, outcome.measured, chain.label + tag)
+    _show(bar, book.summary, tag, strat.phase())
 
-    current = None
-    current_cfg: Config | None = None
+    def book_of(p: Proposal) -> TrialBook:
+        return book if p.stage is None else stage_books[p.stage]
+
+    def refusal(p: Proposal) -> str | None:
+        if p.stage is None:
+            why = fs.contains(p.config)
+            return why if why is not None else (None if accept(p.config) else f"sync_checker: {verdicts[p.config]}")
+        if p.stage >= len(stage_tilings) or p.tiles not in {g.tiles for g in stage_tilings[p.stage]}:
+            return f"stage {p.stage}: tiling outside the feasible (or recorded) set"
+        return None
+
+    def measure(p: Proposal) -> Outcome:
+        target = chain if p.stage is None else alone[p.stage]
+        sh = source_hash(target, p.config) if source_hash is not None else None
+        m = store.lookup(device, target.label, p.config, replayed=backend.replayed, source_hash=sh)
+        cached = m is not None
+        if m is None:
+            screen = p.screen and getattr(backend, "screens", False)
+            m = backend.measure(target, p.config, screen=True) if screen else backend.measure(target, p.config)
+        else:
+            outcome.cache_hits += 1
+        if m.ok and (m.median_us is None or not math.isfinite(m.median_us)):
+            raise RuntimeError(f"backend {backend.name} reported success for {p.config.short()} without a time")
+        attrs: dict[str, Any] = {"config": p.config.to_dict(), "tuner_version": __version__,
+                                 "backend": backend.name, "device": device_attr, **measurement_attrs(m),
+                                 "cached": cached, "measured": True, "phase": p.phase, "screen": p.screen}
+        if not m.ok:
+            attrs.update(reason=m.reason, message=m.message)
+        # A measurement is written whole: Ctrl-C here takes effect once the trial is stored.
+        with _interrupts_deferred():
+            if not cached:
+                store.save(device, target.label, p.config, m)
+            b = book_of(p)
+            before = book.summary.baseline
+            b.record(p.config, m.median_us if m.ok else None, attrs)
+            outcome.new_trials += 1
+            if p.stage is not None:
+                outcome.stage_trials += 1
+            elif book.summary.baseline is not before:
+                book.study.set_user_attr("baseline_us", book.summary.baseline.value)
+                backend.set_reference_time(book.summary.baseline.value)
+        if bar is not None:
+            bar.update(1)
+        return Outcome(p, m.median_us if m.ok else None, None if m.ok else m.reason)
+
     try:
-        while summary.measured < trials:
+        while True:
             if deadline is not None and time.monotonic() >= deadline:
                 outcome.stop = "timeout"
                 break
-            if outcome.new_rejected + repeats >= cap:
-                outcome.stop = "rejections"
+            left = trials - outcome.measured
+            batch = strat.propose(left)
+            if not batch:
+                outcome.stop = "exhausted" if left > 0 else "budget"
                 break
-            if proposals is not None and waiting <= 0:
-                nxt = next(proposals, None)
-                if nxt is None:
-                    outcome.stop = "exhausted"
+            _show(bar, book.summary, tag, strat.phase())
+            results: dict[int, Outcome] = {}
+            new: list[int] = []
+            for i, p in enumerate(batch):
+                hit = book_of(p).known.get(p.config)
+                if hit is not None:
+                    results[i] = Outcome(p, hit[0], hit[1], new=False)
+                    continue
+                why = refusal(p)
+                if why is not None:
+                    outcome.refused += 1
+                    if log is not None:
+                        log(f"{chain.label}: {strategy} proposed a config the loop refuses ({why}); not measured")
+                    results[i] = Outcome(p, None, "constraint", new=False)
+                    continue
+                new.append(i)
+            if len(new) > left:
+                new = new[:max(left, 0)]
+            targets = [(chain if batch[i].stage is None else alone[batch[i].stage], batch[i].config) for i in new]
+            stopped = False
+            for k in backend.prepare(targets):
+                if deadline is not None and time.monotonic() >= deadline:
+                    outcome.stop, stopped = "timeout", True
                     break
-                study.enqueue_trial(nxt.params())
-                seen.add(nxt)
-                waiting += 1
-            current, current_cfg = study.ask(), None
-            waiting = max(0, waiting - 1)
-            params = {p: current.suggest_categorical(p, choices) for p, choices in domains.items()}
-            cfg = Config.from_params(params, n_stages)
-            seen.add(cfg)
-            if cfg in tried:
-                # TPE proposes from what it learnt, which can be a config the study already holds;
-                # measuring it again would spend the budget on nothing new.
-                _finish(study, current, TrialState.FAIL, None,
-                        {"message": f"repeats trial {tried[cfg]}; not measured again"})
-                repeats += 1
-                current = None
-                if sampler == "tpe" and not repair(cfg):
-                    outcome.stop = "exhausted"
-                    break
-                continue
-            tried[cfg] = current.number
-            why = fs.contains(cfg)
-            if why is None and verdict(cfg) is not None:
-                why = f"sync_checker: {verdict(cfg)}"
-            if why is not None:
-                # Kept short: refused suggestions can outnumber measured trials, and each attribute is a write.
-                _finish(study, current, TrialState.FAIL, None,
-                        {"measured": False, "reason": "constraint", "message": why})
-                _count_rejection(summary)
-                outcome.new_rejected += 1
-                current = None
-                if sampler == "tpe":
-                    repair(cfg)
-                continue
-            current_cfg = cfg
-            sh = source_hash(chain, cfg) if source_hash is not None else None
-            m = store.lookup(device, chain.label, cfg, replayed=backend.replayed, source_hash=sh)
-            cached = m is not None
-            if m is None:
-                m = backend.measure(chain, cfg)
-            else:
-                outcome.cache_hits += 1
-            attrs: dict[str, Any] = {"config": cfg.to_dict(), "tuner_version": __version__, "backend": backend.name,
-                                     "device": device_attr, **_measurement_attrs(m), "cached": cached,
-                                     "measured": True}
-            if m.ok and (m.median_us is None or not math.isfinite(m.median_us)):
-                raise RuntimeError(f"backend {backend.name} reported success for {cfg.short()} without a time")
-            if not m.ok:
-                attrs.update(reason=m.reason, message=m.message)
-            # A measurement is written whole: Ctrl-C here takes effect once the trial is stored.
-            with _interrupts_deferred():
-                if not cached:
-                    store.save(device, chain.label, cfg, m)
-                frozen = _finish(study, current, TrialState.COMPLETE if m.ok else TrialState.FAIL,
-                                 m.median_us if m.ok else None, attrs)
-                current = current_cfg = None
-                outcome.new_trials += 1
-                before = summary.baseline
-                summary.add(frozen)
-                if summary.baseline is not before:
-                    study.set_user_attr("baseline_us", summary.baseline.value)
-                    backend.set_reference_time(summary.baseline.value)
-            if bar is not None:
-                bar.update(1)
-            _show(bar, summary, tag)
+                i = new[k]
+                results[i] = measure(batch[i])
+                _show(bar, book.summary, tag, strat.phase())
+            strat.observe([results[i] for i in sorted(results)])
+            if stopped:
+                break
+            if outcome.measured >= trials:
+                outcome.stop = "budget"
+                # The strategy may have nothing left anyway: the finalists and a rerun agree either way.
+                break
     except KeyboardInterrupt:
         outcome.stop = "interrupted"
-        _requeue(study, current, current_cfg)
-    except Exception as exc:
-        # Not the config's fault (those come back as failed Measurements): close the trial, then let it surface.
-        _requeue(study, current, None, f"the run stopped on {type(exc).__name__}: {exc}")
-        raise
     finally:
         if bar is not None:
             bar.close()
         store.close()
+    if final and not outcome.interrupted and hasattr(backend, "time_rounds") and not backend.replayed:
+        try:
+            _final_rounds(book, backend, chain, outcome, log)
+        except KeyboardInterrupt:
+            outcome.stop = "interrupted"
+    outcome.summary = book.summary
+    outcome.elapsed_s = time.monotonic() - t_start
     return outcome
+
+
+FINAL_PER_KIND = 3  # fastest stream-sync and tile-sync configs into the final rounds
+FINAL_ROUNDS = 5
+
+
+def kind_of(cfg: Config) -> str:
+    """``stream`` for a stream-synchronized config, ``tile`` for any tile-level policy."""
+    return "stream" if cfg.policy == "stream" else "tile"
+
+
+def finalists(timed: Sequence[tuple[float, Config]], per_kind: int = FINAL_PER_KIND) -> list[Config]:
+    """The fastest ``per_kind`` configs of each kind by their single timings (stream first)."""
+    out: list[Config] = []
+    for kind in ("stream", "tile"):
+        mine = sorted(((us, c) for us, c in timed if kind_of(c) == kind), key=lambda x: x[0])
+        out += [c for _, c in mine[:per_kind] if c not in out]
+    return out
+
+
+def _final_rounds(book: TrialBook, backend: Backend, chain: Chain, outcome: StudyOutcome,
+                  log: Callable[[str], Any] | None) -> None:
+    """Time the finalists again in interleaved rounds after idle and store each one's median of rounds.
+
+    Picking the fastest of many noisy timings favours the lucky, and sustained load lowers the
+    clock, so the study's best is a finalist's median, all timed at the same clock. A rerun
+    with the same finalists adds nothing.
+    """
+    timed = [(us, c) for c, (us, _) in book.known.items() if us is not None]
+    contestants = finalists(timed)
+    set_id = outcome.summary.measured
+    if not contestants or all((c, set_id) in book.finals for c in contestants):
+        return
+    rounds = backend.time_rounds(chain, contestants, FINAL_ROUNDS)
+    for c in contestants:
+        got = rounds.get(c)
+        if isinstance(got, str) or not got:
+            if log is not None:
+                log(f"{chain.label}: final rounds leave out {c.short()}: {got or 'no timing'}")
+            continue
+        value = round(median(got), 3)
+        book.record(c, value, {"config": c.to_dict(), "phase": FINALISTS, "final_set": set_id, "rounds_us": got,
+                               "measured": False, "tuner_version": __version__, "backend": backend.name})
+        book.finals.add((c, set_id))
+        outcome.finalists[c.short()] = value
 
 
 @contextlib.contextmanager
@@ -541,96 +506,22 @@ def _source_hasher(backend: Backend) -> Callable[[Chain, Config], str | None] | 
     return rendered_hash
 
 
-def _count_rejection(summary: TrialSummary) -> None:
-    summary.rejected += 1
-    summary.failures["constraint"] += 1
-
-
-def _finish(study: Any, trial: Any, state: Any, value: float | None, attrs: Mapping[str, Any]) -> Any:
-    """Store the attributes, tell the outcome, and return the finished trial as stored."""
-    for k, v in attrs.items():
-        trial.set_user_attr(k, v)
-    return study.tell(trial, value, state=state, skip_if_finished=False)
-
-
-def _decided(trial: Any) -> bool:
-    """Whether a trial holds an outcome: a time, or a failure with its reason."""
-    from optuna.trial import TrialState  # noqa: PLC0415
-
-    return trial.state == TrialState.COMPLETE or (trial.state == TrialState.FAIL
-                                                  and trial.user_attrs.get("reason") in FAIL_REASONS)
-
-
-ABANDONED = "abandoned: the process running it stopped"
-
-
-def _abandon_running(study: Any, fs: FeasibleSet, n_stages: int) -> int:
-    """Close the trials a stopped process left RUNNING, and queue their feasible configs again.
-
-    One process runs a study at a time, so a trial still RUNNING when a run starts was cut
-    short (kill -9, a crash, a power cut) before its outcome was told. It is closed as FAIL
-    without a reason, so it counts nowhere, even if the process had begun storing its outcome;
-    a config it had measured is answered again by the measurement cache, not the device.
-    Returns how many trials were closed.
-    """
-    import optuna  # noqa: PLC0415
-    from optuna.trial import TrialState  # noqa: PLC0415
-
-    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    for t in stale:
-        live = optuna.trial.Trial(study, t._trial_id)  # noqa: SLF001 - Optuna offers no public way to reopen a trial
-        attrs: dict[str, Any] = {"abandoned": True, "message": ABANDONED}
-        if "measured" in t.user_attrs:
-            attrs["measured"] = False
-        if "reason" in t.user_attrs:
-            attrs["reason"] = None
-        for k, v in attrs.items():
-            live.set_user_attr(k, v)
-        study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-        cfg = trial_config(t, n_stages)
-        if cfg is not None and fs.contains(cfg) is None:
-            study.enqueue_trial(cfg.params())
-    return len(stale)
-
-
-def _requeue(study: Any, trial: Any, cfg: Config | None, why: str = "interrupted") -> None:
-    """Close a trial cut short before it was measured; queue ``cfg`` again, so resuming measures it.
-
-    The closed trial is FAIL without a ``reason``: it was not measured, so it counts nowhere.
-    """
-    from optuna.trial import TrialState  # noqa: PLC0415
-
-    if trial is None:
-        return
-    try:
-        trial.set_user_attr("interrupted", True)
-        trial.set_user_attr("message", f"{why} before it was measured; queued again")
-        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
-        if cfg is not None:
-            study.enqueue_trial(cfg.params())
-    except (KeyboardInterrupt, Exception):  # best effort: a second Ctrl-C or a closed trial must not mask the first
-        pass
-
-
-def _measurement_attrs(m: Measurement) -> dict[str, Any]:
-    return {"source_hash": m.source_hash, "compile_s": m.compile_s, "resources": m.resources, "error": m.error,
-            "times_us": list(m.times_us), "replayed": m.replayed}
-
-
 def _progress_bar(enabled: bool, total: int, initial: int, desc: str):
     if not enabled:
         return None
     from tqdm import tqdm  # noqa: PLC0415
 
     # disable=None: draw only on a terminal, so logs and pipes get the summary lines alone.
-    return tqdm(total=total, initial=initial, desc=desc, unit="trial", file=sys.stderr, dynamic_ncols=True,
-                disable=None)
+    return tqdm(total=total, initial=min(initial, total), desc=desc, unit="trial", file=sys.stderr,
+                dynamic_ncols=True, disable=None)
 
 
-def _show(bar: Any, summary: TrialSummary, tag: str) -> None:
-    if bar is None or summary.best_us is None:
+def _show(bar: Any, summary: TrialSummary, tag: str, phase: str) -> None:
+    if bar is None:
         return
-    text = f"best {summary.best_us:.2f} us{tag}"
+    text = phase
+    if summary.best_us is not None:
+        text += f", best {summary.best_us:.2f} us{tag}"
     if summary.speedup is not None:
         text += f", {summary.speedup:.2f}x vs stream{tag}"
     bar.set_postfix_str(text)
@@ -643,15 +534,19 @@ def describe(outcome: StudyOutcome, tag: str = "") -> str:
     if s.best is None:
         parts.append("no successful trial yet")
     else:
-        parts.append(f"best {s.best_us:.2f} us{tag}")
+        how = "median of the final rounds" if s.final_best is not None else "a single timing"
+        parts.append(f"best {s.best_us:.2f} us{tag}, {how}")
         if s.baseline_us is not None:
             parts.append(f"stream baseline {s.baseline_us:.2f} us{tag}, speedup {s.speedup:.2f}x{tag}")
-    parts.append(f"{s.measured} trials measured ({outcome.new_trials} new, {outcome.cache_hits} from the cache), "
-                 f"{s.rejected} infeasible suggestions refused")
+    stages = f", {outcome.stage_trials} of them stages alone" if outcome.stage_trials else ""
+    parts.append(f"{outcome.measured} trials measured{stages} ({outcome.new_trials} new, "
+                 f"{outcome.cache_hits} from the cache) by {outcome.strategy}")
+    if outcome.trials_per_min is not None:
+        parts.append(f"{outcome.trials_per_min:.0f} trials/min")
     line = ", ".join([parts[0] + " " + parts[1], *parts[2:]])
-    notes = {"timeout": "stopped by --timeout", "exhausted": f"all {outcome.feasible} feasible configs tried",
-             "rejections": f"stopped after {outcome.new_rejected} infeasible suggestions in this run; "
-                           "--sampler random draws feasible configs only"}
+    notes = {"timeout": "stopped by --timeout",
+             "exhausted": f"{outcome.strategy} had nothing left to try after {outcome.measured} of the "
+                          f"{outcome.budget} trials asked for (of {outcome.feasible} feasible configs)"}
     if outcome.stop in notes:
         line += f" [{notes[outcome.stop]}]"
     return line

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator, Sequence
 
 from ..config import Config
 from ..workloads import Chain
@@ -80,6 +80,11 @@ class Backend(ABC):
     def restrict(self, chain: Chain, configs: Iterable[Config]) -> list[Config] | None:
         """Configs this backend can answer for, or None when it can answer any."""
         return None
+
+    def prepare(self, targets: Sequence[tuple[Chain, Config]]) -> Iterator[int]:
+        """Get ``targets`` ready to measure (compile ahead, in parallel); yields their indices as each is
+        ready, so the caller measures one while the others still compile. By default: in order, at once."""
+        return iter(range(len(targets)))
 
     def close(self) -> None:
         """Release the device and any worker process."""

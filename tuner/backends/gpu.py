@@ -10,7 +10,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from statistics import median
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 from ..config import Config
 from ..render import Rendered, render
@@ -187,6 +187,9 @@ class GpuBackend(Backend):
     """Measures configs on the first visible CUDA device."""
 
     name = "gpu"
+    screens = True  # measure(..., screen=True) times with fewer repetitions
+    SCREEN_REPS = 10
+    IDLE_S = 0.3  # idle before each final-round timing: the clock drops under sustained load
 
     def __init__(self, *, warmup: int = 5, reps: int = 30, seed: int = 0, cache_dir: str | None = None):
         from ..compile import toolkit_version
@@ -260,7 +263,46 @@ class GpuBackend(Backend):
         self._refs[chain.label] = ref
         return err, None
 
-    def measure(self, chain: Chain, config: Config, fault: str = "none") -> Measurement:
+    def prepare(self, targets: Sequence[tuple[Chain, Config]]) -> Iterator[int]:
+        """Compile ahead on every core; yields each target's index as its compile ends."""
+        return compile_ahead(targets, self._device.arch, self.cache_dir)
+
+    def time_rounds(self, chain: Chain, configs: Sequence[Config], rounds: int,
+                    extra: dict[str, Any] | None = None, idle_s: float | None = None
+                    ) -> dict[Any, list[float] | str]:
+        """Per config (and per name of ``extra``'s timers, ``timer(warmup, reps) -> µs list``), the
+        median µs of each of ``rounds`` interleaved rounds, each timing after ``idle_s`` of idle.
+        Configs are verified before and after (fresh inputs, poisoned outputs); one that fails
+        gets the reason instead of times."""
+        import time
+
+        idle = self.IDLE_S if idle_s is None else idle_s
+        out: dict[Any, list[float] | str] = {}
+        timers: dict[Any, Any] = {}
+        runners = {}
+        for cfg in configs:
+            runner, m = self.load(chain, cfg)
+            why = m.message if runner is None else self.verify(chain, runner)[1]
+            if why:
+                out[cfg] = why
+                continue
+            runners[cfg] = runner
+            timers[cfg] = runner.time
+        timers.update(extra or {})
+        got: dict[Any, list[float]] = {k: [] for k in timers}
+        for _ in range(rounds):
+            for k, timer in timers.items():
+                time.sleep(idle)
+                got[k].append(round(median(timer(self.warmup, self.reps)), 3))
+        for cfg, runner in runners.items():
+            why = self.verify(chain, runner)[1]
+            if why:
+                out[cfg] = f"{why} after the timed rounds"
+                got.pop(cfg)
+        out.update(got)
+        return out
+
+    def measure(self, chain: Chain, config: Config, fault: str = "none", screen: bool = False) -> Measurement:
         cp = _cp()
         runner, m = self.load(chain, config, fault)
         if runner is None:
@@ -273,7 +315,7 @@ class GpuBackend(Backend):
                     f"relative error {err:.3g} (limit {VERIFY_TOL}), or unwritten elements"
                 return Measurement.failed(why, msg, **{k: getattr(m, k) for k in ("source_hash", "compile_s",
                                                                                   "resources", "error")})
-            times = runner.time(self.warmup, self.reps)
+            times = runner.time(self.warmup, self.SCREEN_REPS if screen else self.reps)
             if runner.error_flag():
                 return Measurement.failed("timeout", "a semaphore wait timed out while timing",
                                           source_hash=m.source_hash, compile_s=m.compile_s, resources=m.resources)
@@ -290,3 +332,22 @@ class GpuBackend(Backend):
         except cp.cuda.driver.CUDADriverError as exc:
             return Measurement.failed("launch", str(exc)[:500], source_hash=m.source_hash, compile_s=m.compile_s,
                                       resources=m.resources)
+
+
+def compile_ahead(targets: Sequence[tuple[Chain, Config]], arch: str, cache_dir: str | None = None,
+                  jobs: int | None = None) -> Iterator[int]:
+    """Render and compile ``targets`` into the kernel cache over every core; yields each index as
+    its compile ends (a failure too: measuring it reports the compile error)."""
+    from ..compile import compile_many, target_arch
+
+    sources = []
+    for i, (chain, cfg) in enumerate(targets):
+        try:
+            sources.append((i, render(chain, cfg).source))
+        except Exception:  # a config the templates refuse fails in measure(), with its reason
+            continue
+    done = set()
+    for i, _ in compile_many(sources, target_arch(arch), jobs, cache_dir=cache_dir):
+        done.add(i)
+        yield i
+    yield from (i for i in range(len(targets)) if i not in done)

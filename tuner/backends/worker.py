@@ -12,7 +12,7 @@ import multiprocessing as mp
 import os
 import time
 import traceback
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 from ..config import Config
 from ..workloads import Chain
@@ -47,9 +47,18 @@ def _serve(conn, factory: str, kwargs: dict[str, Any]) -> None:
         if msg[0] == "stop":
             backend.close()
             return
-        _, chain, config, fault = msg
+        if msg[0] == "rounds":
+            _, chain, configs, rounds = msg
+            try:
+                conn.send(("done", backend.time_rounds(chain, configs, rounds)))
+            except Exception as exc:
+                conn.send(("crash", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+                _exit_poisoned(conn)
+            continue
+        _, chain, config, fault, screen = msg
+        kw = {"screen": True} if screen else {}
         try:
-            m = backend.measure(chain, config, fault) if fault != "none" else backend.measure(chain, config)
+            m = backend.measure(chain, config, fault, **kw) if fault != "none" else backend.measure(chain, config, **kw)
         except Exception as exc:
             text = f"{type(exc).__name__}: {exc}"
             conn.send(("crash", text, traceback.format_exc()))
@@ -120,7 +129,38 @@ class WorkerBackend(Backend):
         """Derive the per-trial deadline from the baseline's time: the floor plus 100 times the runs."""
         self.deadline_s = self.floor_s + 100 * runs * us * 1e-6
 
-    def measure(self, chain: Chain, config: Config, fault: str = "none") -> Measurement:
+    @property
+    def screens(self) -> bool:
+        return bool(getattr(_load(self.factory), "screens", False))
+
+    def prepare(self, targets: Sequence[tuple[Chain, Config]]) -> Iterator[int]:
+        """Compile ahead here, on every core, into the cache the child loads from."""
+        if not hasattr(_load(self.factory), "prepare") or self.plant:
+            return iter(range(len(targets)))
+        from .gpu import compile_ahead  # noqa: PLC0415
+
+        return compile_ahead(targets, self.device_info().arch, self.kwargs.get("cache_dir"))
+
+    def time_rounds(self, chain: Chain, configs: Sequence[Config], rounds: int) -> dict[Config, list[float] | str]:
+        """The child's interleaved final rounds (see GpuBackend.time_rounds); {} if it cannot answer."""
+        if not hasattr(_load(self.factory), "time_rounds"):
+            return {}
+        if self._proc is None or not self._proc.is_alive():
+            self._kill()
+            self._start()
+        assert self._conn is not None
+        try:
+            self._conn.send(("rounds", chain, list(configs), rounds))
+            wait = self.deadline_s * (1 + len(configs)) + rounds * len(configs) * 2
+            reply = self._conn.recv() if self._conn.poll(wait) else None
+        except (EOFError, OSError, BrokenPipeError):
+            reply = None
+        if reply is None or reply[0] != "done":
+            self._kill()
+            return {}
+        return reply[1]
+
+    def measure(self, chain: Chain, config: Config, fault: str = "none", screen: bool = False) -> Measurement:
         self.calls += 1
         fault = self.plant.get(self.calls, fault)
         if self._proc is None or not self._proc.is_alive():
@@ -131,7 +171,7 @@ class WorkerBackend(Backend):
         assert self._conn is not None
         t0 = time.monotonic()
         try:
-            self._conn.send(("measure", chain, config, fault))
+            self._conn.send(("measure", chain, config, fault, screen))
             ready = self._conn.poll(self.deadline_s)
             reply = self._conn.recv() if ready else None
         except (EOFError, OSError, BrokenPipeError):

@@ -1,0 +1,229 @@
+"""``staged`` (the default): the structure of a chain, exploited.
+
+1. **Stage pass.** Each stage is timed alone (its own Optuna study), over the feasible
+   tilings the cost model ranks first. The model is too coarse to rank tile shapes, so every
+   shape gets a turn: first a probe of the model's best few shapes of every MMA instruction,
+   then more shapes of the instructions whose probe came within :data:`LIVE_KIND` of the
+   best, each shape with its two best pipeline/split variants, then the fastest tilings again
+   in thread-block clusters. A stage dominates the chain's time and its best tiling barely
+   depends on the sync choice, so this is where most of the budget goes.
+2. **Chain pass.** The fastest tilings of each stage, paired in the order of their summed
+   stage times, under every sync choice (policy, order, dispatch, launch) the space holds
+   and the checker accepts.
+3. **Refinement.** A neighbourhood search around the best chains measured: one stage's
+   tiling swapped for another fast one or for a tiling one field away, or another sync
+   choice; candidates ranked by the parent's time corrected by the stage times measured
+   alone, until the budget is spent or nothing new is left.
+
+The finalists (the fastest few of each kind timed again in interleaved rounds) are the
+study loop's, for every strategy. Every proposal is feasible and checker-accepted, and the
+plan depends only on the budget and the outcomes, so a rerun of a finished study proposes
+only what its history already answers.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from typing import Iterable
+
+from ..config import TILE_FIELDS, Config, StageGrid, StageTiles
+from ..model import stage_seconds
+from .base import Outcome, Proposal, SearchContext, Strategy, opening, stage_config
+
+STAGE_SHARE = 0.5  # of the budget, for the stage pass (all stages together)
+CHAIN_SHARE = 0.3  # for the chain pass; refinement gets the rest
+PROBE = 8  # model-best shapes per MMA instruction in the probe
+PER_SHAPE = 2  # pipeline/split variants per tile shape, the model's best
+LIVE_KIND = 1.10  # an instruction whose probe's best is within this of the best probe gets more shapes
+TOP_PER_STAGE = 3  # fastest tilings per stage that the chain pass pairs
+CLUSTER_TOP = 3  # fastest tilings per stage tried again in clusters
+CLUSTERS = ((2, 1), (1, 2))
+PARENTS = 4  # best chains whose neighbours refinement tries
+SWAP_TOP = 8  # fastest stage tilings a neighbour may swap in
+REFINE_BATCH = 8
+
+
+def _shape(t: StageTiles) -> tuple:
+    return (t.mma, t.bm, t.bn, t.bk, t.wm, t.wn)
+
+
+class Staged(Strategy):
+    name = "staged"
+    stage_pass = True
+
+    def start(self, ctx: SearchContext) -> None:
+        super().start(ctx)
+        n = len(ctx.chain.stages)
+        self.n = n
+        self.alone: list[dict[StageTiles, float | None]] = [{} for _ in range(n)]
+        self.times: dict[Config, float | None] = {}
+        self.stage_cap = max(PROBE, int(ctx.budget * STAGE_SHARE / n))
+        self.chain_cap = max(1, int(ctx.budget * CHAIN_SHARE))
+        self.grids = [list(g) for g in ctx.stage_tilings]
+        self.allowed = [{g.tiles for g in gs} for gs in self.grids]
+        self.ranked = [sorted(gs, key=lambda g: (stage_seconds(g, ctx.device), _shape(g.tiles), g.tiles.stages,
+                                                 g.tiles.split_k)) for gs in self.grids]
+        self._steps = iter(self._plan())
+        self._phase = "stage pass"
+        self._pending: list[Proposal] = []
+
+    # -- the plan, one batch per step
+
+    def _plan(self):
+        yield from self._stage_pass()
+        yield from self._chain_pass()
+        yield from self._refinement()
+
+    def _stage_batch(self, per_stage: list[list[StageTiles]]) -> list[Proposal]:
+        out = []
+        for j, tilings in enumerate(per_stage):
+            for t in tilings:
+                if t not in self.alone[j] and t in self.allowed[j]:
+                    self.alone[j][t] = None
+                    out.append(Proposal(stage_config(t), "stage pass", stage=j, screen=True))
+        return out
+
+    def _stage_pass(self):
+        self._phase = "stage pass"
+        prior = [[t for t in (self.ctx.prior.stages[j] if j < len(self.ctx.prior.stages) else [])
+                  if t in self.allowed[j]] for j in range(self.n)]
+        probe, kinds = [], []
+        for j in range(self.n):
+            by_kind: dict[str, list[StageTiles]] = {}
+            shapes: set[tuple] = set()
+            for g in self.ranked[j]:
+                t = g.tiles
+                if t.cluster == 1 and _shape(t) not in shapes and len(by_kind.setdefault(t.mma, [])) < PROBE:
+                    shapes.add(_shape(t))
+                    by_kind[t.mma].append(t)
+            kinds.append(by_kind)
+            probe.append(prior[j] + [t for ts in by_kind.values() for t in ts])
+        yield self._stage_batch(probe)
+        rest = []
+        for j in range(self.n):
+            best_kind = {k: min((self.alone[j].get(t) or float("inf")) for t in ts) for k, ts in kinds[j].items()}
+            top = min(best_kind.values(), default=float("inf"))
+            live = {k for k, v in best_kind.items() if v <= top * LIVE_KIND}
+            room = self.stage_cap - len(self.alone[j])
+            variants: dict[tuple, int] = {}
+            for t in self.alone[j]:
+                variants[_shape(t)] = variants.get(_shape(t), 0) + 1
+            more = []
+            for g in self.ranked[j]:
+                t = g.tiles
+                if len(more) >= room - CLUSTER_TOP * len(CLUSTERS):
+                    break
+                if t.cluster > 1 or t.mma not in live or t in self.alone[j]:
+                    continue
+                if variants.get(_shape(t), 0) < PER_SHAPE:
+                    variants[_shape(t)] = variants.get(_shape(t), 0) + 1
+                    more.append(t)
+            rest.append(more)
+        yield self._stage_batch(rest)
+        clustered = []
+        for j in range(self.n):
+            vs = []
+            for t in self.fastest(j, CLUSTER_TOP, clustered=False):
+                for cm, cn in CLUSTERS:
+                    v = replace(t, cm=cm, cn=cn)
+                    if v != t and v not in vs:
+                        vs.append(v)
+            clustered.append(vs)
+        yield self._stage_batch(clustered)
+
+    def fastest(self, j: int, k: int, clustered: bool = True) -> list[StageTiles]:
+        """Stage ``j``'s ``k`` fastest tilings timed alone."""
+        timed = [(us, t) for t, us in self.alone[j].items() if us is not None and (clustered or t.cluster == 1)]
+        return [t for _, t in sorted(timed, key=lambda x: (x[0], _shape(x[1]), x[1].stages, x[1].split_k))][:k]
+
+    def _top_tilings(self, j: int) -> list[StageTiles]:
+        best = self.fastest(j, TOP_PER_STAGE)
+        if all(t.cluster > 1 for t in best):  # clusters rule out ticket dispatch and the fused launch
+            best += self.fastest(j, 1, clustered=False)
+        return best
+
+    def _alone_us(self, j: int, t: StageTiles) -> float | None:
+        return self.alone[j].get(t)
+
+    def _chain_pass(self):
+        self._phase = "chain pass"
+        plan: list[Config] = []
+
+        def add(c: Config) -> None:
+            if c not in plan and c not in self.times and self.ctx.usable(c):
+                plan.append(c)
+
+        for c in opening(self.ctx):
+            add(c)
+        tops = [self._top_tilings(j) for j in range(self.n)]
+        pairings = sorted(itertools.product(*tops),
+                          key=lambda ts: sum(self._alone_us(j, t) or 0.0 for j, t in enumerate(ts)))
+        combos = sorted(self.ctx.feasible.combos, key=lambda c: c[0] != "stream")  # a stream baseline first
+        for tiles in pairings:
+            for combo in combos:
+                if len(plan) >= self.chain_cap:
+                    break
+                add(Config(tuple(tiles), *combo))
+        for c in plan:
+            self.times[c] = None
+        yield [Proposal(c, "chain pass") for c in plan]
+
+    def _neighbours(self, parent: Config) -> Iterable[Config]:
+        for j, t in enumerate(parent.tiles):
+            swaps = self.fastest(j, SWAP_TOP)
+            near = [g.tiles for g in self.grids[j]
+                    if sum(getattr(g.tiles, f) != getattr(t, f) for f in TILE_FIELDS) == 1]
+            for u in [*swaps, *near]:
+                if u != t:
+                    yield Config(parent.tiles[:j] + (u,) + parent.tiles[j + 1:], *parent.globals)
+        for combo in self.ctx.feasible.combos:
+            if combo != parent.globals:
+                yield Config(parent.tiles, *combo)
+
+    def _predict(self, parent: Config, child: Config) -> tuple[float, int]:
+        us = self.times[parent] or 0.0
+        unknown = 0
+        for j, (a, b) in enumerate(zip(parent.tiles, child.tiles)):
+            if a != b:
+                ua, ub = self._alone_us(j, a), self._alone_us(j, b)
+                if ua is None or ub is None:
+                    unknown += 1
+                else:
+                    us += ub - ua
+        return us, unknown
+
+    def _refinement(self):
+        self._phase = "refinement"
+        while True:
+            measured = sorted(((us, c) for c, us in self.times.items() if us is not None), key=lambda x: x[0])
+            cands: dict[Config, tuple] = {}
+            for rank, (_, parent) in enumerate(measured[:PARENTS]):
+                for child in self._neighbours(parent):
+                    if child in self.times or child in cands or not self.ctx.usable(child):
+                        continue
+                    us, unknown = self._predict(parent, child)
+                    cands[child] = (unknown, us, rank)
+            if not cands:
+                return
+            batch = [c for c, _ in sorted(cands.items(), key=lambda kv: kv[1])[:REFINE_BATCH]]
+            for c in batch:
+                self.times[c] = None
+            yield [Proposal(c, "refinement") for c in batch]
+
+    # -- the interface
+
+    def propose(self, left: int) -> list[Proposal]:
+        for batch in self._steps:
+            if batch:
+                return batch
+        return []
+
+    def observe(self, outcomes: Iterable[Outcome]) -> None:
+        for o in outcomes:
+            if o.proposal.stage is not None:
+                self.alone[o.proposal.stage][o.proposal.tiles] = o.us
+            else:
+                self.times[o.proposal.config] = o.us
+
+    def phase(self) -> str:
+        return self._phase

@@ -1,0 +1,247 @@
+"""Trials in the Optuna storage: naming, writing, reading back and summing up.
+
+A chain's study is named ``<chain label>/<device>``; each stage timed alone has a study of
+its own, ``<chain label>/<stage>/<device>``. A trial is written whole, once its outcome is
+known (``Study.add_trial``), so a process killed mid-measurement leaves nothing half done:
+the config is simply measured again when the study resumes. Finalist trials (the interleaved
+re-timing of the fastest configs) carry ``phase = "finalists"``; where they exist they, not
+the single timings, give the study's best.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from . import UsageError
+from .backends.base import FAIL_REASONS, DeviceInfo, Measurement
+from .config import Config
+from .workloads import Chain
+
+FINALISTS = "finalists"
+
+
+class StudyError(UsageError):
+    """A study file is malformed, or a study cannot run as asked."""
+
+
+def study_name(chain: Chain, device: DeviceInfo | str) -> str:
+    """The Optuna study name: chain label and device, e.g. ``gpt3/tokens=64,hidden=12288,ffn=6144/NVIDIA H200``."""
+    name = device if isinstance(device, str) else device.name
+    return f"{chain.label}/{name}"
+
+
+def stage_study_name(chain: Chain, j: int, device: DeviceInfo | str) -> str:
+    """The study of stage ``j`` timed alone, e.g. ``gpt3/tokens=64,hidden=12288,ffn=6144/gemm1/NVIDIA H200``."""
+    name = device if isinstance(device, str) else device.name
+    return f"{chain.label}/{chain.stages[j].name}/{name}"
+
+
+def trial_config(trial: Any, n_stages: int) -> Config | None:
+    """The config a trial was given (its params, or the fixed params of a queued trial)."""
+    for params in (trial.params, trial.system_attrs.get("fixed_params", {})):
+        try:
+            return Config.from_params(params, n_stages)
+        except (KeyError, TypeError, ValueError):
+            continue
+    return None
+
+
+def is_stream(trial: Any) -> bool:
+    return trial.params.get("policy") == "stream"
+
+
+def is_final(trial: Any) -> bool:
+    return trial.user_attrs.get("phase") == FINALISTS
+
+
+@dataclass
+class TrialSummary:
+    """What a study's trials add up to."""
+
+    measured: int = 0
+    rejected: int = 0  # refused suggestions stored by older versions (this one stores none)
+    failures: Counter = field(default_factory=Counter)  # by reason, of measured trials
+    timed_best: Any = None  # the fastest measured trial (earliest on ties)
+    timed_baseline: Any = None  # the fastest measured stream-policy trial
+    final_best: Any = None  # the fastest finalist of the latest final rounds
+    final_baseline: Any = None
+    final_set: int = -1
+
+    @property
+    def best(self) -> Any:
+        """The study's best: the fastest finalist where final rounds ran, else the fastest single timing."""
+        return self.final_best if self.final_best is not None else self.timed_best
+
+    @property
+    def baseline(self) -> Any:
+        return self.final_baseline if self.final_baseline is not None else self.timed_baseline
+
+    @property
+    def best_us(self) -> float | None:
+        return self.best.value if self.best is not None else None
+
+    @property
+    def baseline_us(self) -> float | None:
+        return self.baseline.value if self.baseline is not None else None
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best is None or self.baseline is None:
+            return None
+        return self.baseline.value / self.best.value
+
+    def add(self, trial: Any) -> None:
+        from optuna.trial import TrialState  # noqa: PLC0415
+
+        attrs = trial.user_attrs
+        if is_final(trial):
+            if trial.state != TrialState.COMPLETE:
+                return
+            n = int(attrs.get("final_set", 0))
+            if n > self.final_set:
+                self.final_set, self.final_best, self.final_baseline = n, None, None
+            if n == self.final_set:
+                if self.final_best is None or trial.value < self.final_best.value:
+                    self.final_best = trial
+                if is_stream(trial) and (self.final_baseline is None or trial.value < self.final_baseline.value):
+                    self.final_baseline = trial
+            return
+        if trial.state in (TrialState.RUNNING, TrialState.WAITING):
+            return  # left by an older version's killed process: nothing was decided
+        if attrs.get("measured"):
+            self.measured += 1
+        if trial.state == TrialState.COMPLETE:
+            if self.timed_best is None or trial.value < self.timed_best.value:
+                self.timed_best = trial
+            if is_stream(trial) and (self.timed_baseline is None or trial.value < self.timed_baseline.value):
+                self.timed_baseline = trial
+        elif trial.state == TrialState.FAIL and attrs.get("reason") in FAIL_REASONS:
+            self.failures[attrs["reason"]] += 1
+            if not attrs.get("measured"):
+                self.rejected += 1
+
+
+def summarize(trials: Iterable[Any]) -> TrialSummary:
+    s = TrialSummary()
+    for t in sorted(trials, key=lambda t: t.number):
+        s.add(t)
+    return s
+
+
+def decided(trial: Any) -> bool:
+    """Whether a trial holds a measured outcome: a time, or a failure with its reason."""
+    from optuna.trial import TrialState  # noqa: PLC0415
+
+    if not trial.user_attrs.get("measured") or is_final(trial):
+        return False
+    return trial.state == TrialState.COMPLETE or (trial.state == TrialState.FAIL
+                                                  and trial.user_attrs.get("reason") in FAIL_REASONS)
+
+
+def measurement_attrs(m: Measurement) -> dict[str, Any]:
+    return {"source_hash": m.source_hash, "compile_s": m.compile_s, "resources": m.resources, "error": m.error,
+            "times_us": list(m.times_us), "replayed": m.replayed}
+
+
+class TrialBook:
+    """One Optuna study in the storage: what it has decided, and the writing of new trials."""
+
+    def __init__(self, rdb: Any, name: str, domains: Mapping[str, list], n_stages: int,
+                 attrs: Mapping[str, Any]):
+        import optuna  # noqa: PLC0415
+        from optuna.distributions import CategoricalDistribution  # noqa: PLC0415
+
+        self.name = name
+        self.n_stages = n_stages
+        self.study = optuna.create_study(study_name=name, storage=rdb, direction="minimize",
+                                         sampler=optuna.samplers.RandomSampler(), load_if_exists=True)
+        for key, value in attrs.items():
+            if self.study.user_attrs.get(key) != value:
+                self.study.set_user_attr(key, value)
+        self.dists = {k: CategoricalDistribution(v) for k, v in domains.items()}
+        self.known: dict[Config, tuple[float | None, str | None]] = {}
+        trials = self.study.get_trials(deepcopy=False)
+        self._check_distributions(trials)
+        self.summary = summarize(trials)
+        for t in trials:
+            if decided(t) and (c := trial_config(t, n_stages)) is not None:
+                self.known[c] = (t.value, t.user_attrs.get("reason"))
+        self.finals = {(trial_config(t, n_stages), t.user_attrs.get("final_set")) for t in trials if is_final(t)}
+
+    def _check_distributions(self, trials: list[Any]) -> None:
+        """Optuna refuses a parameter whose choices changed; say so before the first trial, in our words."""
+        for t in trials:
+            for param, dist in t.distributions.items():
+                if param in self.dists and dist != self.dists[param]:
+                    raise StudyError(
+                        f"study {self.name!r} was run with other choices for {param} ({list(dist.choices)} now "
+                        f"{list(self.dists[param].choices)}): the search space changed; "
+                        "accepted: the same space, or a new --storage")
+            if t.distributions:
+                return
+
+    def record(self, config: Config, value: float | None, attrs: Mapping[str, Any]) -> Any:
+        """Write one finished trial (COMPLETE with ``value``, else FAIL) and return it."""
+        import optuna  # noqa: PLC0415
+        from optuna.trial import TrialState  # noqa: PLC0415
+
+        ok = value is not None and math.isfinite(value)
+        self.study.add_trial(optuna.trial.create_trial(
+            params=config.params(), distributions=self.dists, value=value if ok else None,
+            state=TrialState.COMPLETE if ok else TrialState.FAIL, user_attrs=dict(attrs)))
+        trial = self.study.get_trials(deepcopy=False)[-1]
+        if attrs.get("measured"):
+            self.known[config] = (trial.value, attrs.get("reason"))
+        self.summary.add(trial)
+        return trial
+
+
+def transfer_candidates(rdb: Any, chain: Chain, device: DeviceInfo, per_study: int = 3,
+                        neighbours: int = 2) -> tuple[list[Config], list[list[Any]]]:
+    """The best configs of the nearest sizes already in the storage, for the same device.
+
+    Chain configs come from the studies of the same workload and model shape at the nearest
+    token counts (log distance); stage tilings from the stage studies of the same stage shape
+    (N, K, epilogue) at the nearest M, which includes the same stage measured in another chain.
+    """
+    import optuna  # noqa: PLC0415
+    from optuna.trial import TrialState  # noqa: PLC0415
+
+    size = chain.size_dict
+    sweep = chain.size[0][0]
+    chain_near: list[tuple[float, str]] = []
+    stage_near: list[list[tuple[float, str]]] = [[] for _ in chain.stages]
+    shapes = [(st.n, st.k, st.epilogue) for st in chain.stages]
+    for s in optuna.get_all_study_summaries(rdb, include_best_trial=False):
+        a = s.user_attrs
+        if a.get("device") != device.name or a.get("label") == chain.label or a.get("replayed"):
+            continue
+        other = a.get("size") or {}
+        if "stage_shape" in a:
+            m, n, k, epi = a["stage_shape"]
+            for j, shape in enumerate(shapes):
+                if (n, k, epi) == shape:
+                    stage_near[j].append((abs(math.log(m / chain.stages[j].m)), s.study_name))
+        elif a.get("workload") == chain.workload and sweep in other and all(
+                other.get(p) == v for p, v in size.items() if p != sweep):
+            chain_near.append((abs(math.log(other[sweep] / size[sweep])), s.study_name))
+
+    def best_of(name: str, n_stages: int) -> list[Config]:
+        trials = optuna.load_study(study_name=name, storage=rdb).get_trials(deepcopy=False,
+                                                                           states=(TrialState.COMPLETE,))
+        trials = sorted((t for t in trials if t.user_attrs.get("measured")), key=lambda t: t.value)
+        out = [c for t in trials[:per_study] if (c := trial_config(t, n_stages)) is not None]
+        return out
+
+    chain_cfgs: list[Config] = []
+    for _, name in sorted(chain_near)[:neighbours]:
+        chain_cfgs += [c for c in best_of(name, len(chain.stages)) if c not in chain_cfgs]
+    stage_tiles = []
+    for near in stage_near:
+        tiles: list[Any] = []
+        for _, name in sorted(near)[:neighbours]:
+            tiles += [c.tiles[0] for c in best_of(name, 1) if c.tiles[0] not in tiles]
+        stage_tiles.append(tiles)
+    return chain_cfgs, stage_tiles
