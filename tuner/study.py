@@ -362,6 +362,7 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
             bar.update(1)
         return Outcome(p, m.median_us if m.ok else None, None if m.ok else m.reason)
 
+    phase_now = ""
     try:
         while True:
             if deadline is not None and time.monotonic() >= deadline:
@@ -373,6 +374,12 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
                 outcome.stop = "exhausted" if left > 0 else "budget"
                 break
             _show(bar, book.summary, tag, strat.phase())
+            if strat.phase() != phase_now:
+                phase_now = strat.phase()
+                if log is not None:  # the bar is drawn on a terminal only; a log still shows the phases
+                    best = book.summary.best_us
+                    log(f"{chain.label}: {phase_now} after {outcome.measured} trials, "
+                        f"{time.monotonic() - t_start:.0f} s" + ("" if best is None else f", best {best:.2f} us{tag}"))
             results: dict[int, Outcome] = {}
             new: list[int] = []
             for i, p in enumerate(batch):
