@@ -32,6 +32,23 @@ def test_key_parts_each_separate_entries(storage):
     assert store.lookup(DEV, LABEL, CFG, replayed=False, source_hash="changed template") is None
 
 
+def test_records_give_the_newest_measured_outcome_per_label_and_config_for_a_recording(storage, tmp_path):
+    from tuner.backends.replay import read_recording, write_recording
+
+    store = MeasurementStore(storage)
+    store.save(DEV, LABEL, CFG, Measurement(ok=True, median_us=2.0, source_hash="old"))
+    store.save(DEV, LABEL, CFG, Measurement(ok=True, median_us=1.5, source_hash="new"))
+    store.save(DEV, "gpt3.gemm1/tokens=64", CFG, Measurement(ok=False, reason="compile", message="x"))
+    store.save(DEV, "other", CFG, Measurement(ok=True, median_us=9.0))
+    store.save(DEV, LABEL, Config(CFG.tiles, "row", "row", "ticket", "fused"),
+               Measurement(ok=True, median_us=1.0, replayed=True))  # a replayed row is no measurement
+    recs = store.records(DEV, [LABEL, "gpt3.gemm1/tokens=64"])
+    assert sorted((r["label"], r["measurement"].get("median_us")) for r in recs) == [
+        ("gpt3.gemm1/tokens=64", None), (LABEL, 1.5)]
+    write_recording(tmp_path / "r.json", DEV, recs, "test")
+    assert len(read_recording(tmp_path / "r.json").records) == 2
+
+
 def test_replayed_rows_are_never_served_to_a_measuring_backend(storage):
     store = MeasurementStore(storage)
     store.save(DEV, LABEL, CFG, Measurement(ok=True, median_us=1.0, replayed=True))

@@ -19,35 +19,11 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from .backends.base import Backend, Measurement
 from .config import Config
 from .study import FINAL_PER_KIND, finalists, kind_of, run_study, study_name
 from .workloads import Chain, get_workload
 
 ROUNDS = 5  # interleaved rounds of the final timing
-
-
-class RecordingBackend(Backend):
-    """Passes every call to ``inner`` and keeps each measurement as a recording record."""
-
-    def __init__(self, inner: Backend):
-        self.inner = inner
-        self.name, self.replayed, self.screens = inner.name, inner.replayed, getattr(inner, "screens", False)
-        self.records: list[dict[str, Any]] = []
-
-    def device_info(self):
-        return self.inner.device_info()
-
-    def prepare(self, targets):
-        return self.inner.prepare(targets)
-
-    def measure(self, chain: Chain, config: Config, **kw: Any) -> Measurement:
-        m = self.inner.measure(chain, config, **kw)
-        self.records.append({"label": chain.label, "config": config.to_dict(), "measurement": m.to_dict()})
-        return m
-
-    def set_reference_time(self, us: float) -> None:
-        self.inner.set_reference_time(us)
 
 
 def timed_configs(storage: str, chain: Chain, device) -> list[tuple[float, Config]]:
@@ -71,8 +47,9 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
     from .baselines import baseline_timers, floor_us, gemm_rate, read_bandwidth
     from .space import load_space
 
+    from .store import MeasurementStore
+
     gpu = GpuBackend(seed=seed)
-    backend = RecordingBackend(gpu)
     dev = gpu.device_info()
     wl = get_workload(workload)
     space = load_space(space_path)
@@ -86,7 +63,7 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
     rows = []
     summary: dict[str, Any] = {}
     for ch in chains:
-        outcome = run_study(ch, space, backend, storage, strategy=strategy, seed=seed, trials=trials, final=False,
+        outcome = run_study(ch, space, gpu, storage, strategy=strategy, seed=seed, trials=trials, final=False,
                             log=log)
         log(f"{ch.label}: search: {outcome.measured} trials ({outcome.new_trials} new, "
             f"{outcome.stage_trials} of them stages alone) in {outcome.elapsed_s:.0f} s")
@@ -133,7 +110,11 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
         summary = {"schema": 1, "kind": "tuner-bench", "workload": workload, "device": dev.to_dict(),
                    "command": command, "read_bandwidth_Bps": bw, "gemm_flops": rate, "rows": rows}
         out.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-        write_recording(rec_path, dev, backend.records, command)
+        # Every measurement of these sizes the storage holds, this run's and an earlier study's alike.
+        labels = [c.label for c in chains] + [c.alone(j).label for c in chains for j in range(len(c.stages))]
+        store = MeasurementStore(storage, writable=False)
+        write_recording(rec_path, dev, store.records(dev, labels), command)
+        store.close()
     log(table(summary))
     return summary
 

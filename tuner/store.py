@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Iterable
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
@@ -140,6 +141,20 @@ class MeasurementStore:
             conn.execute(measurements.insert().values(
                 device=device.name, toolkit=device.toolkit, label=label, config=self._key(config),
                 source_hash=m.source_hash, replayed=m.replayed, measurement=json.dumps(m.to_dict(), sort_keys=True)))
+
+    def records(self, device: DeviceInfo, labels: Iterable[str]) -> list[dict[str, Any]]:
+        """Every measured (not replayed) outcome on ``device`` for the chains ``labels``, the newest per
+        label and config, as recording records (see :func:`tuner.backends.replay.write_recording`)."""
+        t = measurements.c
+        q = (sa.select(t.label, t.config, t.measurement)
+             .where(t.device == device.name, t.toolkit == device.toolkit, t.label.in_(list(labels)),
+                    t.replayed == sa.false())
+             .order_by(t.id))
+        newest: dict[tuple[str, str], dict[str, Any]] = {}
+        with self.engine.connect() as conn:
+            for label, config, m in conn.execute(q):
+                newest[(label, config)] = {"label": label, "config": json.loads(config), "measurement": json.loads(m)}
+        return list(newest.values())
 
     def count(self) -> int:
         with self.engine.connect() as conn:
