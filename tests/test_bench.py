@@ -1,64 +1,18 @@
-"""The choices of the staged search and the bench that need no GPU: which tilings go on, which clusters are tried, how the
-final rounds interleave, and the table."""
+"""The bench's choices that need no GPU: how the final rounds interleave, which finalists the
+rounds pick, and the table."""
 from __future__ import annotations
 
 import json
-
-from dataclasses import replace
 
 from tuner import bench
 from tuner.backends.base import DeviceInfo
 from tuner.backends.gpu import GpuBackend
 from tuner.config import Config, StageTiles
-from tuner.paths import home
-from tuner.space import load_space
-from tuner.strategies import Outcome, SearchContext
-from tuner.strategies.staged import CLUSTER_TOP, Staged
 from tuner.study import finalists
 from tuner.workloads import get_workload
 
 H200 = DeviceInfo("NVIDIA H200")
 T = StageTiles(128, 192, 64, 2, 1, 4, 1, "wgmma_tma")
-
-
-def feasible(tokens: int):
-    chain = get_workload("gpt3").chain(tokens=tokens)
-    return chain, load_space(home() / "search_spaces" / "gpt3.toml").feasible(chain, H200)
-
-
-def staged(tokens: int, budget: int = 400):
-    chain, fs = feasible(tokens)
-    st = Staged()
-    st.start(SearchContext(chain, fs, H200, lambda c: True, budget, stage_tilings=fs.tilings))
-    return st
-
-
-def test_the_three_fastest_go_on_plus_the_fastest_unclustered_when_all_three_are_clustered():
-    a, b, c, d = (StageTiles(128, bn, 64, 2, 1, 4, 1, "wgmma_tma", 2, 1) for bn in (96, 128, 192, 256))
-    plain = StageTiles(128, 96, 64, 2, 1, 4)
-    st = staged(256)
-    st.alone[1] = {c: 3.0, a: 1.0, b: 2.0, plain: 9.0, d: 4.0}
-    assert st._top_tilings(1) == [a, b, c, plain]
-    st.alone[1] = {c: 3.0, a: 1.0, plain: 2.0}
-    assert st._top_tilings(1) == [a, plain, c]
-
-
-def test_cluster_variants_of_the_fastest_tilings_are_the_feasible_cluster_shapes():
-    st = staged(256)  # two 128-row tiles: both cluster shapes divide both stages
-    probe = st.propose(400)
-    # TMA-fed tilings fastest: only they can run in clusters.
-    st.observe(Outcome(p, (10.0 if p.tiles.mma == "wgmma_tma" else 50.0) + i) for i, p in enumerate(probe))
-    more = st.propose(400)
-    st.observe(Outcome(p, 100.0) for p in more)
-    clustered = st.propose(400)
-    assert clustered and all(p.phase == "stage pass" and p.tiles.cluster > 1 for p in clustered)
-    fastest = {j: st.fastest(j, CLUSTER_TOP, clustered=False) for j in range(2)}
-    for p in clustered:
-        plain = replace(p.tiles, cm=1, cn=1)
-        assert plain in fastest[p.stage] and p.tiles in st.allowed[p.stage]
-    assert {(p.tiles.cm, p.tiles.cn) for p in clustered} == {(2, 1), (1, 2)}
-    st64 = staged(64)  # one row of 64-row tiles: no cluster along M
-    assert not [t for t in st64.allowed[1] if t.cm > 1]
 
 
 class FakeRunner:

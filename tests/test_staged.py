@@ -1,0 +1,97 @@
+"""The staged search's plan, without a GPU: which tilings each pass takes, and that the chain pass
+covers every sync choice the space holds."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tuner.backends.base import DeviceInfo
+from tuner.checker import check
+from tuner.config import Config, StageTiles
+from tuner.paths import home
+from tuner.space import load_space
+from tuner.strategies import Outcome, SearchContext
+from tuner.strategies.staged import CLUSTER_TOP, Staged
+from tuner.workloads import get_workload
+
+H200 = DeviceInfo("NVIDIA H200")
+
+
+def feasible(tokens: int):
+    chain = get_workload("gpt3").chain(tokens=tokens)
+    return chain, load_space(home() / "search_spaces" / "gpt3.toml").feasible(chain, H200)
+
+
+def staged(tokens: int, budget: int = 400):
+    chain, fs = feasible(tokens)
+    st = Staged()
+    st.start(SearchContext(chain, fs, H200, lambda c: True, budget, stage_tilings=fs.tilings))
+    return st
+
+
+def test_the_three_fastest_go_on_plus_the_fastest_unclustered_when_all_three_are_clustered():
+    a, b, c, d = (StageTiles(128, bn, 64, 2, 1, 4, 1, "wgmma_tma", 2, 1) for bn in (96, 128, 192, 256))
+    plain = StageTiles(128, 96, 64, 2, 1, 4)
+    st = staged(256)
+    st.alone[1] = {c: 3.0, a: 1.0, b: 2.0, plain: 9.0, d: 4.0}
+    assert st._top_tilings(1) == [a, b, c, plain]
+    st.alone[1] = {c: 3.0, a: 1.0, plain: 2.0}
+    assert st._top_tilings(1) == [a, plain, c]
+
+
+def test_cluster_variants_of_the_fastest_tilings_are_the_feasible_cluster_shapes():
+    st = staged(256)  # two 128-row tiles: both cluster shapes divide both stages
+    probe = st.propose(400)
+    # TMA-fed tilings fastest: only they can run in clusters.
+    st.observe(Outcome(p, (10.0 if p.tiles.mma == "wgmma_tma" else 50.0) + i) for i, p in enumerate(probe))
+    more = st.propose(400)
+    st.observe(Outcome(p, 100.0) for p in more)
+    clustered = st.propose(400)
+    assert clustered and all(p.phase == "stage pass" and p.tiles.cluster > 1 for p in clustered)
+    fastest = {j: st.fastest(j, CLUSTER_TOP, clustered=False) for j in range(2)}
+    for p in clustered:
+        plain = replace(p.tiles, cm=1, cn=1)
+        assert plain in fastest[p.stage] and p.tiles in st.allowed[p.stage]
+    assert {(p.tiles.cm, p.tiles.cn) for p in clustered} == {(2, 1), (1, 2)}
+    st64 = staged(64)  # one row of 64-row tiles: no cluster along M
+    assert not [t for t in st64.allowed[1] if t.cm > 1]
+
+
+
+def run_passes(st: Staged, until: str) -> list:
+    """Answer every batch with a time (TMA-fed tilings fastest) until the phase ``until`` starts."""
+    while True:
+        batch = st.propose(10_000)
+        if not batch or batch[0].phase == until:
+            return batch
+        st.observe(Outcome(p, (10.0 if p.tiles.mma == "wgmma_tma" else 50.0) + i) for i, p in enumerate(batch))
+
+
+def test_the_chain_pass_pairs_the_fastest_tilings_under_every_sync_choice_the_checker_accepts():
+    chain, fs = feasible(64)
+    st = Staged()
+    st.start(SearchContext(chain, fs, H200, lambda c: check(chain, c) is None, 2000, stage_tilings=fs.tilings))
+    batch = run_passes(st, "chain pass")
+    assert batch and all(p.stage is None for p in batch)
+    best = tuple(st._top_tilings(j)[0] for j in range(2))
+    paired = {p.config.globals for p in batch if p.config.tiles == best}
+    usable = {combo for combo in fs.combos if fs.contains(Config(best, *combo)) is None
+              and check(chain, Config(best, *combo)) is None}
+    assert len(usable) > 4 and paired == usable
+    assert batch[0].config.policy == "stream"  # a stream baseline leads
+
+
+def test_no_proposal_is_infeasible_or_refused_and_refinement_ends():
+    chain, fs = feasible(256)
+    st = Staged()
+    ctx = SearchContext(chain, fs, H200, lambda c: check(chain, c) is None, 300, stage_tilings=fs.tilings)
+    st.start(ctx)
+    n = 0
+    while (batch := st.propose(10_000)) and n < 2000:
+        for p in batch:
+            if p.stage is None:
+                assert ctx.usable(p.config)
+            else:
+                assert p.tiles in st.allowed[p.stage]
+        n += len(batch)
+        st.observe(Outcome(p, 20.0 + (hash(p.config) % 1000) / 100) for p in batch)
+    assert n < 2000
