@@ -1,5 +1,0 @@
-# Multicast operands split between the cluster blocks: variants of exp3.py.
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
-D=$PWD/studies/checks/2026-12-02-profile
-export PYTHONPATH=/tmp/site:$PWD:$D PYTHONUNBUFFERED=1 TUNER_CACHE=/tmp/kc
-timeout 400 python3 $D/exp3.py > $OUT/exp3.log 2>&1; echo "rc=$?"; cut -c1-200 $OUT/exp3.log
