@@ -347,3 +347,27 @@ def test_a_changed_space_is_refused_on_resume(storage):
     wider = parse_space({"stage": {**SMALL.stage, "bk": [32, 64]}}, "wider.toml")
     with pytest.raises(StudyError, match="other choices for gemm1.bk"):
         run_study(CHAIN, wider, FakeBackend(space=wider), storage, strategy="random", trials=3, check=no_col_order)
+
+
+def test_a_new_size_starts_from_the_best_configs_of_the_nearest_sizes_and_stage_shapes(storage):
+    from tuner.store import open_optuna_storage
+    from tuner.study import transfer_candidates
+    from tuner.trials import stage_study_name, trial_config
+
+    run_study(CHAIN, SMALL, FakeBackend(), storage, strategy="staged", trials=60, check=no_col_order, final=False)
+    rdb = open_optuna_storage(storage)
+
+    def fastest(name, n_stages, k=3):
+        done = [t for t in optuna.load_study(study_name=name, storage=rdb).get_trials()
+                if t.state == TrialState.COMPLETE and t.user_attrs.get("measured")]
+        return [trial_config(t, n_stages) for t in sorted(done, key=lambda t: t.value)[:k]]
+
+    near = get_workload("gpt3").chain(tokens=128)
+    chains, stages = transfer_candidates(rdb, near, DEVICE)
+    assert chains == fastest(study_name(CHAIN, DEVICE), 2)
+    assert stages == [[c.tiles[0] for c in fastest(stage_study_name(CHAIN, j, DEVICE), 1)] for j in range(2)]
+    # Another model shape shares no chain study and no stage shape.
+    other = get_workload("gpt3").chain(tokens=128, hidden=4096, ffn=2048)
+    assert transfer_candidates(rdb, other, DEVICE) == ([], [[], []])
+    # Nothing transfers from another device.
+    assert transfer_candidates(rdb, near, DeviceInfo("other GPU")) == ([], [[], []])
