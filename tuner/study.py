@@ -461,6 +461,10 @@ def _final_rounds(book: TrialBook, backend: Backend, chain: Chain, outcome: Stud
     if not contestants or all((c, set_id) in book.finals for c in contestants):
         return
     rounds = backend.time_rounds(chain, contestants, FINAL_ROUNDS)
+    if not rounds:
+        if log is not None:
+            log(f"{chain.label}: no final rounds: the backend gave no timing (the best is a single timing)")
+        return
     for c in contestants:
         got = rounds.get(c)
         if isinstance(got, str) or not got:
