@@ -128,7 +128,8 @@ def test_warm_start_configs_are_measured_first_stream_pick_leading_and_unfit_one
               warm=[outside, good, stream], log=heard.append)
     assert backend.calls[:2] == [stream, good] and outside not in backend.calls
     assert backend.calls[2:2 + len(fs.baselines())] == fs.baselines()
-    assert heard == [f"{CHAIN.label}: warm start: 2 of 3 configs a bench picked are in this space"]
+    assert heard[0] == f"{CHAIN.label}: warm start: 2 of 3 configs a bench picked are in this space"
+    assert [h.split(" after ")[0] for h in heard[1:]] == [f"{CHAIN.label}: opening", f"{CHAIN.label}: tpe"]
     # Without a stream pick, the space's stream baselines still come first.
     other = FakeBackend()
     run_study(CHAIN, SMALL, other, f"sqlite:///{tmp_path / 'w.db'}", strategy="tpe", trials=6, check=no_col_order,

@@ -298,7 +298,7 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
 
     prior = Prior(chain=list(warm))
     if transfer:
-        near_chain, near_stages = transfer_candidates(rdb, chain, device)
+        near_chain, near_stages = _transfer(book, rdb, chain, device)
         prior.chain += [c for c in near_chain if c not in prior.chain]
         prior.stages = near_stages
     fit = [c for c in warm if fs.contains(c) is None]
@@ -427,6 +427,25 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
     outcome.summary = book.summary
     outcome.elapsed_s = time.monotonic() - t_start
     return outcome
+
+
+def _transfer(book: TrialBook, rdb: Any, chain: Chain, device: Any) -> tuple[list[Config], list[list[Any]]]:
+    """The nearest sizes' best configs and stage tilings, as this study first saw them.
+
+    Kept in the study at its first run, so a rerun plans the same search (and measures nothing
+    new) even where studies of other sizes were added to the storage meanwhile.
+    """
+    saved = book.study.user_attrs.get("transfer")
+    if saved is not None:
+        try:
+            return ([Config.from_dict(d) for d in saved["chain"]],
+                    [[Config.from_dict(d).tiles[0] for d in ds] for ds in saved["stages"]])
+        except (KeyError, TypeError, ValueError):
+            pass  # written by another version: ask the storage again
+    near_chain, near_stages = transfer_candidates(rdb, chain, device)
+    book.study.set_user_attr("transfer", {"chain": [c.to_dict() for c in near_chain],
+                                          "stages": [[stage_config(t).to_dict() for t in ts] for ts in near_stages]})
+    return near_chain, near_stages
 
 
 FINAL_PER_KIND = 3  # fastest stream-sync and tile-sync configs into the final rounds

@@ -13,7 +13,9 @@
 3. **Refinement.** A neighbourhood search around the best chains measured: one stage's
    tiling swapped for another fast one or for a tiling one field away, or another sync
    choice; candidates ranked by the parent's time corrected by the stage times measured
-   alone, until the budget is spent or nothing new is left.
+   alone. Where no neighbour of the best chains is left untried, a batch of TPE over the
+   joint space (told every chain measured) explores further, and the neighbourhood of
+   whatever it finds comes next, until the budget is spent.
 
 The finalists (the fastest few of each kind timed again in interleaved rounds) are the
 study loop's, for every strategy. Every proposal is feasible and checker-accepted, and the
@@ -41,6 +43,7 @@ CLUSTERS = ((2, 1), (1, 2))
 PARENTS = 4  # best chains whose neighbours refinement tries
 SWAP_TOP = 8  # fastest stage tilings a neighbour may swap in
 REFINE_BATCH = 8
+EXPLORE_BATCH = 8  # TPE proposals per batch once the neighbourhood is exhausted
 
 
 def _shape(t: StageTiles) -> tuple:
@@ -65,7 +68,7 @@ class Staged(Strategy):
                                                  g.tiles.split_k)) for gs in self.grids]
         self._steps = iter(self._plan())
         self._phase = "stage pass"
-        self._pending: list[Proposal] = []
+        self._tpe = None  # the exploration's TPE, once the neighbourhood is exhausted
 
     # -- the plan, one batch per step
 
@@ -193,7 +196,6 @@ class Staged(Strategy):
         return us, unknown
 
     def _refinement(self):
-        self._phase = "refinement"
         while True:
             measured = sorted(((us, c) for c, us in self.times.items() if us is not None), key=lambda x: x[0])
             cands: dict[Config, tuple] = {}
@@ -203,12 +205,36 @@ class Staged(Strategy):
                         continue
                     us, unknown = self._predict(parent, child)
                     cands[child] = (unknown, us, rank)
-            if not cands:
-                return
-            batch = [c for c, _ in sorted(cands.items(), key=lambda kv: kv[1])[:REFINE_BATCH]]
+            if cands:
+                self._phase = "refinement"
+                batch = [c for c, _ in sorted(cands.items(), key=lambda kv: kv[1])[:REFINE_BATCH]]
+                phase = "refinement"
+            else:
+                self._phase = "exploration"
+                batch, phase = self._explore(), "exploration"
+                if not batch:
+                    return
             for c in batch:
                 self.times[c] = None
-            yield [Proposal(c, "refinement") for c in batch]
+            yield [Proposal(c, phase) for c in batch]
+
+    def _explore(self) -> list[Config]:
+        """The next few configs of a TPE search over the joint space that has learnt every chain measured."""
+        if self._tpe is None:
+            from .tpe import TPESearch  # noqa: PLC0415
+
+            self._tpe = TPESearch()
+            self._tpe.start(self.ctx)
+            self._tpe.continue_after(self.times)
+        out: list[Config] = []
+        while len(out) < EXPLORE_BATCH:
+            c = self._tpe.draw()
+            if c is None:
+                break
+            self._tpe.seen.add(c)
+            if c not in self.times:
+                out.append(c)
+        return out
 
     # -- the interface
 
@@ -219,11 +245,14 @@ class Staged(Strategy):
         return []
 
     def observe(self, outcomes: Iterable[Outcome]) -> None:
+        outcomes = list(outcomes)
         for o in outcomes:
             if o.proposal.stage is not None:
                 self.alone[o.proposal.stage][o.proposal.tiles] = o.us
             else:
                 self.times[o.proposal.config] = o.us
+        if self._tpe is not None:
+            self._tpe.observe(o for o in outcomes if o.proposal.stage is None)
 
     def phase(self) -> str:
         return self._phase

@@ -13,7 +13,7 @@ from typing import Iterable
 import numpy as np
 
 from ..config import Config
-from .base import Outcome, SearchContext, WholeChainStrategy
+from .base import Outcome, Proposal, SearchContext, WholeChainStrategy
 
 
 class TPESearch(WholeChainStrategy):
@@ -32,6 +32,12 @@ class TPESearch(WholeChainStrategy):
         self.mem = optuna.create_study(direction="minimize",
                                        sampler=optuna.samplers.TPESampler(seed=ctx.seed, n_startup_trials=10))
         self.rng = np.random.default_rng([ctx.seed, 7])
+
+    def continue_after(self, measured: dict[Config, float | None]) -> None:
+        """Start from another strategy's chains instead of the opening: none proposed again, all learnt."""
+        self._opening = []
+        self.seen |= set(measured)
+        self.observe(Outcome(Proposal(c, "history"), us) for c, us in measured.items())
 
     def draw(self) -> Config | None:
         from optuna.trial import TrialState  # noqa: PLC0415
