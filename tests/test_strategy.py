@@ -1,5 +1,6 @@
-"""Strategy benchmark on the recorded H200 measurements (replayed, so it runs in CI without a GPU):
-TPE reaches within 3% of the recorded best in fewer trials than random search, median over seeds."""
+"""Strategy comparison on recorded H200 measurements (replayed, so it runs without a GPU): trials
+needed to come within 3% of the recording's best chain, median over seeds, for staged, TPE and
+random search. Trials count every measurement, stages timed alone included."""
 from __future__ import annotations
 
 from statistics import median
@@ -10,53 +11,64 @@ from tuner.backends.replay import ReplayBackend
 from tuner.paths import home
 from tuner.space import load_space
 from tuner.study import run_study
+from tuner.trials import stage_study_name, study_name
 from tuner.workloads import get_workload
 
-RECORDING = home() / "studies" / "gpt3.measurements.json"
-SEEDS = range(5)
+SEEDS = range(20)
 WITHIN = 1.03
+CASES = [("gpt3", 256, "gpt3.staged.measurements.json"), ("llama", 320, "llama.measurements.json")]
 
 
-def trials_to_reach(storage: str, target: float) -> int:
-    """1-based number of the first measured trial within WITHIN of the target (budget + 1 if none)."""
+def trials_to_reach(storage: str, chain, device: str, target: float) -> int:
+    """1-based count of measured trials (the stages' alone included, in the order they were written)
+    up to the first whole-chain trial within WITHIN of ``target``; one more than all when none is."""
     import optuna
 
-    (summary,) = optuna.get_all_study_summaries(storage)
-    study = optuna.load_study(study_name=summary.study_name, storage=storage)
-    measured = [t for t in study.trials if t.user_attrs.get("measured")]
-    for i, t in enumerate(measured, 1):
-        if t.value is not None and t.value <= target * WITHIN:
+    names = [study_name(chain, device)] + [stage_study_name(chain, j, device) for j in range(len(chain.stages))]
+    trials = []
+    for name in names:
+        try:
+            study = optuna.load_study(study_name=name, storage=storage)
+        except KeyError:
+            continue
+        trials += [(t.datetime_complete, name == names[0], t.value) for t in study.trials
+                   if t.user_attrs.get("measured")]
+    trials.sort(key=lambda x: x[0])
+    for i, (_, whole, value) in enumerate(trials, 1):
+        if whole and value is not None and value <= target * WITHIN:
             return i
-    return len(measured) + 1
+    return len(trials) + 1
 
 
-# Slow (nightly, python -m pytest -m slow). It has never passed: on the first H200 recording (29 to
-# 45 configs per size) TPE needed a median of 12 and 11 trials, random search 10 and 9; on the
-# recording of 66c0085 (26-27 whole-chain configs per size, all of them pairings of each stage's
-# fastest tilings, so nearly any is within 3% of the best) both need 4, and again on the
-# recording of 4f7d436 (42-44 configs per size). A recording of a broad
-# sample of the space is what this comparison needs; it is kept as the benchmark to rerun then.
+# Slow (python -m pytest -m slow). Expected to fail with today's recordings: they hold the chains
+# the staged search measured (its pairings of each stage's fastest tilings and their neighbours)
+# and, for llama, 393 TPE proposals, so random and TPE, which can only draw recorded chains here,
+# draw from a set of mostly good configs and reach 3% in a handful of trials. On the GPU, from an
+# empty database, 100 TPE trials at gpt3 256 tokens ended at 171 us where staged's 400 reach
+# 122.8 (studies/README.md). A fair replay needs a recording that holds a uniform sample of the
+# whole space as well.
 @pytest.mark.slow
-@pytest.mark.skipif(not RECORDING.exists(), reason="no H200 recording in studies/ yet")
-@pytest.mark.parametrize("tokens", [1, 64])
-def test_tpe_reaches_the_recorded_best_sooner_than_random_search(tokens, fast_dir, capsys):
-    backend = ReplayBackend([RECORDING])
-    chain = get_workload("gpt3").chain(tokens=tokens)
-    if chain.label not in backend.labels():
-        pytest.skip(f"{chain.label} is not in the recording")
-    space = load_space(home() / "search_spaces" / "gpt3.toml")
+@pytest.mark.xfail(strict=True, reason="the recordings hold only good chains: random and TPE draw among them")
+@pytest.mark.parametrize("workload,tokens,recording", CASES)
+def test_staged_needs_at_most_a_third_of_random_searchs_trials(workload, tokens, recording, fast_dir, capsys):
+    path = home() / "studies" / recording
+    if not path.exists():
+        pytest.skip(f"no recording {recording}")
+    backend = ReplayBackend([path])
+    chain = get_workload(workload).chain(tokens=tokens)
+    device = backend.device_info().name
     recorded = [r.measurement.median_us for r in backend.recordings[0].records
                 if r.label == chain.label and r.measurement.ok]
-    best = min(recorded)
-    budget = len(recorded)
-    reached = {}
-    for sampler in ("tpe", "random"):
-        reached[sampler] = []
+    space = load_space(home() / "search_spaces" / f"{workload}.toml")
+    reached: dict[str, list[int]] = {}
+    for strategy in ("staged", "tpe", "random"):
+        reached[strategy] = []
         for seed in SEEDS:
-            storage = f"sqlite:///{fast_dir / f'strategy-{tokens}-{sampler}{seed}.db'}"
-            run_study(chain, space, backend, storage, sampler=sampler, seed=seed, trials=budget)
-            reached[sampler].append(trials_to_reach(storage, best))
+            storage = f"sqlite:///{fast_dir / f'strategy-{workload}{tokens}-{strategy}{seed}.db'}"
+            run_study(chain, space, backend, storage, strategy=strategy, seed=seed, trials=len(backend.recordings[0].records),
+                      transfer=False)
+            reached[strategy].append(trials_to_reach(storage, chain, device, min(recorded)))
     with capsys.disabled():
-        print(f"\n{chain.label} (replayed H200 recording, {budget} configs): trials to within 3% of the best, "
-              f"per seed: tpe {reached['tpe']}, random {reached['random']}")
-    assert median(reached["tpe"]) < median(reached["random"])
+        print(f"\n{chain.label} (replayed H200 recording, {len(recorded)} chains): trials to within 3% of the best, "
+              + ", ".join(f"{s} median {median(v)} {v}" for s, v in reached.items()))
+    assert median(reached["staged"]) * 3 <= median(reached["random"])
