@@ -372,3 +372,11 @@ def test_a_new_size_starts_from_the_best_configs_of_the_nearest_sizes_and_stage_
     assert transfer_candidates(rdb, other, DEVICE) == ([], [[], []])
     # Nothing transfers from another device.
     assert transfer_candidates(rdb, near, DeviceInfo("other GPU")) == ([], [[], []])
+
+
+def test_show_counts_the_stages_timed_alone_beside_the_chain_trials(storage):
+    from tuner.export import collect
+
+    out = run_study(CHAIN, SMALL, FakeBackend(), storage, strategy="staged", trials=40, check=no_col_order)
+    (row,) = collect(storage, "gpt3")  # the stage studies are no results of their own
+    assert row["trials"] + row["stage_trials"] == out.measured == 40 and row["stage_trials"] == out.stage_trials > 0

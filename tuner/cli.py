@@ -329,7 +329,8 @@ def _cmd_show(args: argparse.Namespace, argv: list[str]) -> int:
         fails = ", ".join(f"{k} {v}" for k, v in measured_fails.items() if v) or "-"
         table.append((",".join(f"{k}={v}" for k, v in r["size"].items()), r["device"],
                       _fmt_us(r["best"] and r["best"]["median_us"], tag), _fmt_us(r["baseline_us"], tag),
-                      "-" if r["speedup"] is None else f"{r['speedup']:.2f}x{tag}", str(r["trials"]), fails,
+                      "-" if r["speedup"] is None else f"{r['speedup']:.2f}x{tag}",
+                      str(r["trials"]) + (f" + {r['stage_trials']} alone" if r["stage_trials"] else ""), fails,
                       str(r["refused"]), r["best"]["short"] if r["best"] else "-"))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:

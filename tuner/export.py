@@ -29,7 +29,13 @@ def collect(storage: str, workload: str) -> list[dict[str, Any]]:
     check_exists(storage)
     rdb = open_optuna_storage(storage)
     rows = []
-    for s in optuna.get_all_study_summaries(rdb, include_best_trial=False):
+    summaries = optuna.get_all_study_summaries(rdb, include_best_trial=False)
+    alone: dict[tuple[str, str], int] = {}  # (chain label, device) -> trials of its stages timed alone
+    for s in summaries:
+        if "stage" in s.user_attrs:
+            key = (s.user_attrs.get("label", ""), s.user_attrs.get("device", ""))
+            alone[key] = alone.get(key, 0) + s.n_trials
+    for s in summaries:
         attrs = s.user_attrs
         if attrs.get("workload") != wl.name or "stage" in attrs:  # a stage timed alone is not a result
             continue
@@ -44,6 +50,7 @@ def collect(storage: str, workload: str) -> list[dict[str, Any]]:
             "replayed": bool(attrs.get("replayed", False)),
             "synthetic": bool(attrs.get("synthetic", False)),
             "trials": summ.measured,
+            "stage_trials": alone.get((attrs.get("label", ""), attrs.get("device", "")), 0),
             "failures": {r: summ.failures.get(r, 0) for r in FAIL_REASONS},
             "refused": summ.rejected,  # of the constraint failures: suggestions refused before measuring
             "best": None if best is None else {
