@@ -74,6 +74,8 @@ BAD_SPACE = "[stage]\nbm = [16]\nbn = [64]\nbk = [32]\nwm = [1]\nwn = [1]\nstage
     (["study", "gpt3", "--tokens", "abc"], ["--tokens", "'abc'"]),
     (["study", "gpt3", "--trials", "-3"], ["--trials", "positive integer"]),
     (["study", "gpt3", "--tokens", "3"], ["recordings hold no size", "tokens=64"]),
+    (["study", "gpt3", "--tokens", "1", "--hidden", "7"], ["--hidden 7", "multiple of 8", "nearest: 8"]),
+    (["study", "llama", "--tokens", "1", "--ffn", "3588"], ["--ffn 3588", "multiple of 8", "3584 or 3592"]),
     (["study", "gpt3", "--replay-file", "/nonexistent/rec.json"], ["cannot read recording", "/nonexistent/rec.json"]),
     (["frobnicate"], ["invalid choice", "study"]),
     (["export", "gpt4"], ["unknown workload"]),
@@ -201,7 +203,20 @@ def test_study_show_export_list_end_to_end(capsys, tmp_path, monkeypatch, replay
     assert json.loads((tmp_path / "tuned" / "gpt3.json").read_text())["schema_version"] == 1
 
     rc, out, _ = run(capsys, "list", "--storage", storage)
-    assert rc == 0 and "gpt3: GPT-3" in out and names[0] in out
+    assert rc == 0 and "gpt3: GPT-3" in out
+    # The same count as show (measured trials), sizes in numeric order.
+    listed = [l.strip() for l in out.splitlines() if l.strip().startswith("gpt3/tokens=")]
+    assert [l.split(":")[0] for l in listed] == names and all("3 trials measured" in l for l in listed)
+
+
+def test_size_order_is_numeric_and_long_lists_are_cut_with_a_count():
+    from tuner import shortlist
+    from tuner.cli import _size_key
+
+    labels = [f"gpt3/tokens={t},hidden=12288,ffn=6144" for t in (256, 1, 2048, 128)]
+    assert [lb.split(",")[0] for lb in sorted(labels, key=_size_key)] == [
+        "gpt3/tokens=1", "gpt3/tokens=128", "gpt3/tokens=256", "gpt3/tokens=2048"]
+    assert shortlist(range(3)) == "0, 1, 2" and shortlist(range(20), most=4) == "0, 1, 2, 3 and 16 more"
 
 
 def test_auto_backend_without_gpu_replays_and_says_so(capsys, no_gpu, monkeypatch, storage):

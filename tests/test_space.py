@@ -323,3 +323,15 @@ def test_unreadable_and_malformed_files(tmp_path):
         load_space(tmp_path / "missing.toml")
     with pytest.raises(SpaceError, match="not valid TOML"):
         load_space(write(tmp_path, "[stage\n"))
+
+
+def test_the_readme_lists_the_shipped_search_space():
+    import re
+    import tomllib
+
+    readme = (home() / "README.md").read_text()
+    block = re.search(r"`search_spaces/gpt3.toml`:\n\n```toml\n(.*?)```", readme, re.S).group(1)
+    shipped = tomllib.loads((home() / "search_spaces" / "gpt3.toml").read_text())
+    assert tomllib.loads(block) == shipped
+    llama = tomllib.loads((home() / "search_spaces" / "llama.toml").read_text())
+    assert llama["stage"] == shipped["stage"]  # "holds the same candidates"

@@ -10,3 +10,11 @@ class UsageError(Exception):
     The CLI prints it as one ``tuner: error: ...`` line and exits with status 2, so
     the message must say what is wrong and what would be accepted instead.
     """
+
+
+def shortlist(items, most: int = 8) -> str:
+    """``a, b, c`` for a few items; the first ``most`` and a count of the rest for many, so an
+    error stays one readable line."""
+    items = list(items)
+    shown = ", ".join(str(i) for i in items[:most])
+    return shown if len(items) <= most else f"{shown} and {len(items) - most} more"

@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
-from . import UsageError, __version__
+from . import UsageError, __version__, shortlist
 from .store import DEFAULT_STORAGE, check_exists
 from .workloads import WORKLOADS, WorkloadError, get_workload
 
@@ -237,8 +237,10 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
                 if c.label not in recorded:
                     print(f"{c.label}: skipped, no recorded measurements to replay")
             if not runnable:
-                raise UsageError(f"the recordings hold no size of this sweep; recorded: {', '.join(sorted(recorded))}"
-                                 f"; accepted: those sizes (e.g. --tokens), or a GPU")
+                mine = sorted((lb for lb in recorded if lb.startswith(f"{wl.name}/")), key=_size_key)
+                raise UsageError(f"the recordings hold no size of this sweep; recorded {wl.name} sizes: "
+                                 f"{shortlist(lb.split('/', 1)[1] for lb in mine) or 'none'}; "
+                                 "accepted: those sizes (e.g. --tokens), or a GPU")
             chains = runnable
         warm_file = None if args.no_warm_start else (args.warm_start or home() / "studies" / f"{wl.name}.bench.json")
         if args.warm_start is not None and not args.no_warm_start and not args.warm_start.is_file():
@@ -353,14 +355,30 @@ def _cmd_list(args: argparse.Namespace, argv: list[str]) -> int:
 
     from .store import open_optuna_storage  # noqa: PLC0415
 
-    summaries = optuna.get_all_study_summaries(open_optuna_storage(args.storage), include_best_trial=True)
+    from .trials import summarize  # noqa: PLC0415
+
+    rdb = open_optuna_storage(args.storage)
+    summaries = optuna.get_all_study_summaries(rdb, include_best_trial=False)
     print(f"stored studies in {args.storage}:" if summaries else f"stored studies: none in {args.storage}")
-    for s in sorted(summaries, key=lambda s: s.study_name):
+    for s in sorted(summaries, key=lambda s: (s.study_name.split("/", 1)[0], _size_key(s.study_name))):
         attrs = s.user_attrs
         tag = " (replayed, synthetic)" if attrs.get("synthetic") else " (replayed)" if attrs.get("replayed") else ""
-        best = f"best {s.best_trial.value:.2f} us{tag}" if s.best_trial is not None else "no successful trial"
-        print(f"  {s.study_name}: {s.n_trials} trials, {best}")
+        # The same counts as show: measured trials, and the best of the final rounds where they ran.
+        summ = summarize(optuna.load_study(study_name=s.study_name, storage=rdb).get_trials(deepcopy=False))
+        best = f"best {summ.best_us:.2f} us{tag}" if summ.best is not None else "no successful trial"
+        print(f"  {s.study_name}: {summ.measured} trials measured, {best}")
     return 0
+
+
+def _size_key(label: str) -> tuple:
+    """Sort key of a chain label or study name by its sizes as numbers (1, 2, 128, 256, 2048, not as text)."""
+    parts = label.split("/")
+    sizes = parts[1] if len(parts) > 1 else ""
+    try:
+        numbers = tuple(int(kv.split("=", 1)[1]) for kv in sizes.split(",") if "=" in kv)
+    except ValueError:
+        numbers = ()
+    return (numbers, label)
 
 
 # ---------------------------------------------------------------------------

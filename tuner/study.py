@@ -417,6 +417,9 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
         outcome.stop = "interrupted"
     finally:
         if bar is not None:
+            if outcome.stop == "exhausted":  # the bar ends full at what could be reached, not frozen short
+                bar.total = bar.n
+                bar.refresh()
             bar.close()
         store.close()
     if final and not outcome.interrupted and hasattr(backend, "time_rounds") and not backend.replayed:

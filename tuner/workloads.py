@@ -121,7 +121,12 @@ class Workload:
             raise WorkloadError(f"workload {self.name}: --{self.sweep_param} is required")
         for key, val in full.items():
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-                raise WorkloadError(f"workload {self.name}: {key} must be a positive integer, got {val!r}")
+                raise WorkloadError(f"workload {self.name}: --{key} {val!r}: accepted: a positive integer")
+            # The model widths are the GEMMs' K, read in 16-byte pieces (8 halves) along each row.
+            if key in self.defaults and val % 8:
+                near = " or ".join(str(v) for v in (val // 8 * 8, val // 8 * 8 + 8) if v)
+                raise WorkloadError(f"workload {self.name}: --{key} {val}: accepted: a positive multiple of 8 "
+                                    f"(nearest: {near})")
         ordered = tuple((k, full[k]) for k in self.params)
         return Chain(self.name, ordered, self.build(full))
 
