@@ -325,3 +325,29 @@ def test_compile_when_nvrtc_does_not_load(capsys, monkeypatch):
 
     monkeypatch.setattr(tuner.compile, "_nvrtc", missing)
     one_line_error(capsys, ["compile", "gpt3", "--tokens", "64", "--limit", "2"], "NVRTC", ".[compile]")
+
+
+@pytest.mark.parametrize("strategy", ["random", "staged"])
+def test_two_study_processes_on_one_sqlite_study_measure_the_budget_once(fast_dir, strategy):
+    db = fast_dir / f"two-{strategy}" / "s.db"
+    db.parent.mkdir()
+    url = f"sqlite:///{db}"
+    cmd = [sys.executable, "-m", "tuner", "study", "gpt3", "--backend", "replay", "--replay-file", str(SYNTHETIC),
+           "--tokens", "64", "--trials", "30", "--seed", "5", "--strategy", strategy, "--storage", url]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert second.returncode == 0, second.stderr
+    trials, per_config = [], Counter()
+    for s in optuna.get_all_study_summaries(url):  # the chain's study and, for staged, its stages' own
+        got = optuna.load_study(study_name=s.study_name, storage=url).get_trials()
+        trials += got
+        per_config.update((s.study_name, json.dumps(t.params, sort_keys=True)) for t in got
+                          if t.user_attrs.get("measured"))
+    measured = [t for t in trials if t.user_attrs.get("measured")]
+    assert len(measured) == 30, "the two workers together measure exactly the budget"
+    assert per_config.most_common(1)[0][1] == 1, "a config was measured twice"
+    assert not [t for t in trials if t.state == TrialState.RUNNING]

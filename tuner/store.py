@@ -67,16 +67,35 @@ def check_exists(url: str) -> None:
                            "or pass --storage with the URL the studies were written to")
 
 
+# Several processes share one SQLite file (workers on one host): a writer waits for another's
+# lock this long instead of failing at once.
+SQLITE_BUSY_S = 60.0
+
+
+def _connect_args(url: str) -> dict[str, Any]:
+    if url.startswith(("postgresql", "mysql")):
+        return {"connect_timeout": 10}  # a server that does not answer is an error within seconds
+    if url.startswith("sqlite"):
+        return {"timeout": SQLITE_BUSY_S}
+    return {}
+
+
 def _engine(url: str) -> sa.Engine:
-    # A database server that does not answer should be an error within seconds, not a hang.
-    connect_args = {"connect_timeout": 10} if url.startswith(("postgresql", "mysql")) else {}
     try:
-        return sa.create_engine(url, connect_args=connect_args)
+        engine = sa.create_engine(url, connect_args=_connect_args(url))
     except (sa.exc.ArgumentError, ValueError) as exc:
         raise StorageError(f"storage URL {url!r} is not valid: {exc}; {_accepted()}") from None
     except ImportError as exc:
         raise StorageError(f"storage URL {url!r} needs a database driver that is not installed ({exc}); "
                            f"{_accepted()}") from None
+    if sqlite_path(url) is not None:
+        # Readers do not block the writer, nor it them (the mode is kept in the file).
+        try:
+            with engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+        except sa.exc.SQLAlchemyError:
+            pass  # read-only or not there: the first real use says so, in our words
+    return engine
 
 
 def open_optuna_storage(url: str):
@@ -84,7 +103,7 @@ def open_optuna_storage(url: str):
     import optuna  # noqa: PLC0415 - slow import, only for commands that touch studies
 
     try:
-        return optuna.storages.RDBStorage(url)
+        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": _connect_args(url)})
     except (sa.exc.SQLAlchemyError, ImportError, ValueError, RuntimeError) as exc:
         raise StorageError(f"cannot open storage {url}: {_first_line(exc)}; {_accepted()}") from None
 
@@ -161,4 +180,116 @@ class MeasurementStore:
             return conn.execute(sa.select(sa.func.count()).select_from(measurements)).scalar_one()
 
     def close(self) -> None:
+        self.engine.dispose()
+
+
+claims = sa.Table(
+    "tuner_claims", _metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("scope", sa.String(512), nullable=False),
+    sa.Column("item", sa.String(128), nullable=False),
+    sa.Column("owner", sa.String(128), nullable=False),
+    sa.Column("beat", sa.Float, nullable=False),
+    sa.Column("done", sa.Boolean, nullable=False),
+    sa.UniqueConstraint("scope", "item", name="uq_tuner_claims_scope_item"),
+)
+
+
+class ClaimBoard:
+    """Which worker measures what, for workers that share one storage.
+
+    A claim is a row keyed by (scope, item), unique in the database, so of two workers that
+    ask for the same item exactly one gets it, on SQLite and on a server alike. Its owner's
+    heartbeat (every ``beat_s``, from a thread) keeps it alive; a claim not done whose heartbeat
+    is older than ``grace_s`` belonged to a dead worker and is taken over by the next who asks.
+    A done claim is never taken again.
+    """
+
+    def __init__(self, url: str, *, beat_s: float = 5.0, grace_s: float = 60.0):
+        import os  # noqa: PLC0415
+        import socket  # noqa: PLC0415
+        import threading  # noqa: PLC0415
+        import uuid  # noqa: PLC0415
+
+        self.engine = _engine(url)
+        _metadata.create_all(self.engine, tables=[claims])
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.beat_s, self.grace_s = beat_s, grace_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat_loop, name="tuner-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _now(self) -> float:
+        import time  # noqa: PLC0415
+
+        return time.time()
+
+    def take(self, scope: str, item: str) -> bool:
+        """Claim ``item`` of ``scope`` for this worker: True when it is ours (new, already ours, or
+        taken over from a dead worker), False when a live worker holds it or it is done."""
+        c = claims.c
+        now = self._now()
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(claims.insert().values(scope=scope, item=item, owner=self.owner, beat=now, done=False))
+            return True
+        except sa.exc.IntegrityError:
+            pass
+        with self.engine.begin() as conn:
+            row = conn.execute(sa.select(c.owner, c.beat, c.done).where(c.scope == scope, c.item == item)).first()
+            if row is None:  # dropped meanwhile: ask again
+                return self.take(scope, item)
+            if row.done:
+                return False
+            if row.owner == self.owner:
+                return True
+            if row.beat >= now - self.grace_s:
+                return False
+            # Compare and swap: of two workers taking over the same dead claim, one wins.
+            got = conn.execute(claims.update().where(c.scope == scope, c.item == item, c.owner == row.owner,
+                                                     c.beat == row.beat, c.done == sa.false())
+                               .values(owner=self.owner, beat=now))
+            return got.rowcount == 1
+
+    def done(self, scope: str, item: str) -> None:
+        """Mark our claim finished: nobody takes it again."""
+        c = claims.c
+        with self.engine.begin() as conn:
+            conn.execute(claims.update().where(c.scope == scope, c.item == item, c.owner == self.owner)
+                         .values(done=True, beat=self._now()))
+
+    def drop(self, scope: str, item: str) -> None:
+        """Give our claim up unfinished: anyone may take it."""
+        c = claims.c
+        with self.engine.begin() as conn:
+            conn.execute(claims.delete().where(c.scope == scope, c.item == item, c.owner == self.owner,
+                                               c.done == sa.false()))
+
+    def holder(self, scope: str, item: str) -> tuple[str, bool] | None:
+        """(owner, done) of the claim, or None when nobody holds it."""
+        c = claims.c
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(c.owner, c.done).where(c.scope == scope, c.item == item)).first()
+        return None if row is None else (row.owner, bool(row.done))
+
+    def _beat_loop(self) -> None:
+        c = claims.c
+        while not self._stop.wait(self.beat_s):
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(claims.update().where(c.owner == self.owner, c.done == sa.false())
+                                 .values(beat=self._now()))
+            except sa.exc.SQLAlchemyError:
+                continue  # a busy database: the next beat comes well within the grace period
+
+    def close(self) -> None:
+        """Stop the heartbeat and give up every unfinished claim."""
+        self._stop.set()
+        self._thread.join(timeout=self.beat_s + 1)
+        c = claims.c
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(claims.delete().where(c.owner == self.owner, c.done == sa.false()))
+        except sa.exc.SQLAlchemyError:
+            pass  # left to go stale: others take them over after the grace period
         self.engine.dispose()

@@ -10,7 +10,9 @@ nothing new, raising ``--trials`` continues where the study stopped.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
+import json
 import math
 import signal
 import sys
@@ -26,7 +28,7 @@ from .backends.base import Backend
 from .config import GLOBAL_FIELDS, TILE_FIELDS, Config
 from .paths import home
 from .space import FeasibleSet, SearchSpace
-from .store import MeasurementStore, open_optuna_storage
+from .store import ClaimBoard, MeasurementStore, open_optuna_storage
 from .strategies import DEFAULT as DEFAULT_STRATEGY
 from .strategies import STAGE_ALONE, STRATEGIES, Outcome, Prior, Proposal, SearchContext, stage_config
 from .strategies import make as make_strategy
@@ -41,6 +43,7 @@ STUDY_KEYS = ("workload", "sizes", "space", "strategy", "seed", "trials", "timeo
 DEFAULT_TRIALS = {"staged": 400}
 
 Checker = Callable[[Chain, Config], "str | None"]
+POLL_S = 0.2  # how often a worker looks for the trials of configs another worker is measuring
 
 
 # ---------------------------------------------------------------------------
@@ -273,6 +276,7 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
     strat = make_strategy(strategy)
     store = MeasurementStore(storage)
     rdb = open_optuna_storage(storage)
+    board = ClaimBoard(storage)
     common = {"workload": chain.workload, "size": chain.size_dict, "label": chain.label, "device": device.name,
               "backend": backend.name, "replayed": backend.replayed,
               "synthetic": bool(getattr(backend, "synthetic", False))}
@@ -328,7 +332,41 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
             return f"stage {p.stage}: tiling outside the feasible (or recorded) set"
         return None
 
-    def measure(p: Proposal) -> Outcome:
+    budget_scope = f"budget/{book.name}"
+
+    def claim_key(p: Proposal) -> tuple[str, str]:
+        digest = hashlib.sha256(json.dumps(p.config.to_dict(), sort_keys=True).encode()).hexdigest()[:40]
+        return book_of(p).name, digest
+
+    def count() -> None:
+        outcome.stage_trials = sum(b.summary.measured for b in stage_books)
+        if bar is not None and bar.n != min(outcome.measured, bar.total):
+            bar.n = min(outcome.measured, bar.total)
+            bar.refresh()
+
+    def known(p: Proposal) -> Outcome | None:
+        hit = book_of(p).known.get(p.config)
+        return None if hit is None else Outcome(p, hit[0], hit[1], new=False)
+
+    def claim(p: Proposal) -> Outcome | str | None:
+        """The config for this worker with a budget slot (the slot), or its outcome where another worker
+        wrote it meanwhile; None when a live worker holds it, or when the budget is spent."""
+        if not board.take(*claim_key(p)):
+            return None
+        book_of(p).refresh()
+        hit = known(p)
+        if hit is not None:
+            board.drop(*claim_key(p))
+            return hit
+        k = outcome.measured + 1
+        while k <= trials:  # one slot per measured trial: workers together measure exactly the budget
+            if board.take(budget_scope, str(k)):
+                return str(k)
+            k += 1
+        board.drop(*claim_key(p))
+        return None
+
+    def measure(p: Proposal, slot: str) -> Outcome:
         target = chain if p.stage is None else alone[p.stage]
         sh = source_hash(target, p.config) if source_hash is not None else None
         m = store.lookup(device, target.label, p.config, replayed=backend.replayed, source_hash=sh)
@@ -352,10 +390,11 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
             b = book_of(p)
             before = book.summary.baseline
             b.record(p.config, m.median_us if m.ok else None, attrs)
+            board.done(*claim_key(p))
+            board.done(budget_scope, slot)
             outcome.new_trials += 1
-            if p.stage is not None:
-                outcome.stage_trials += 1
-            elif book.summary.baseline is not before:
+            count()
+            if p.stage is None and book.summary.baseline is not before:
                 book.study.set_user_attr("baseline_us", book.summary.baseline.value)
                 backend.set_reference_time(book.summary.baseline.value)
         if bar is not None:
@@ -397,15 +436,46 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
                 new.append(i)
             if len(new) > left:
                 new = new[:max(left, 0)]
-            targets = [(chain if batch[i].stage is None else alone[batch[i].stage], batch[i].config) for i in new]
+            # Each config is claimed first: of several workers on one study, one measures it and the
+            # others take its trial from the storage.
+            mine: list[tuple[int, str]] = []
+            theirs: list[int] = []
+            for i in new:
+                got = claim(batch[i])
+                if isinstance(got, Outcome):
+                    results[i] = got
+                elif got is None:
+                    theirs.append(i)
+                else:
+                    mine.append((i, got))
+            targets = [(chain if batch[i].stage is None else alone[batch[i].stage], batch[i].config)
+                       for i, _ in mine]
             stopped = False
             for k in backend.prepare(targets):
                 if deadline is not None and time.monotonic() >= deadline:
                     outcome.stop, stopped = "timeout", True
                     break
-                i = new[k]
-                results[i] = measure(batch[i])
+                i, slot = mine[k]
+                results[i] = measure(batch[i], slot)
                 _show(bar, book.summary, tag, strat.phase())
+            while theirs and not stopped and outcome.measured < trials:
+                if deadline is not None and time.monotonic() >= deadline:
+                    outcome.stop, stopped = "timeout", True
+                    break
+                time.sleep(POLL_S)
+                for b in (book, *stage_books):
+                    b.refresh()
+                count()
+                waiting = []
+                for i in theirs:
+                    got = known(batch[i]) or claim(batch[i])  # a dead worker's claim goes to the next who asks
+                    if isinstance(got, Outcome):
+                        results[i] = got
+                    elif isinstance(got, str):
+                        results[i] = measure(batch[i], got)
+                    else:
+                        waiting.append(i)
+                theirs = waiting
             strat.observe([results[i] for i in sorted(results)])
             if stopped:
                 break
@@ -422,11 +492,13 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
                 bar.refresh()
             bar.close()
         store.close()
-    if final and not outcome.interrupted and hasattr(backend, "time_rounds") and not backend.replayed:
-        try:
-            _final_rounds(book, backend, chain, outcome, log)
-        except KeyboardInterrupt:
-            outcome.stop = "interrupted"
+    try:
+        if final and not outcome.interrupted and hasattr(backend, "time_rounds") and not backend.replayed:
+            _final_rounds(book, backend, chain, outcome, log, board)
+    except KeyboardInterrupt:
+        outcome.stop = "interrupted"
+    finally:
+        board.close()
     outcome.summary = book.summary
     outcome.elapsed_s = time.monotonic() - t_start
     return outcome
@@ -470,7 +542,7 @@ def finalists(timed: Sequence[tuple[float, Config]], per_kind: int = FINAL_PER_K
 
 
 def _final_rounds(book: TrialBook, backend: Backend, chain: Chain, outcome: StudyOutcome,
-                  log: Callable[[str], Any] | None) -> None:
+                  log: Callable[[str], Any] | None, board: ClaimBoard) -> None:
     """Time the finalists again in interleaved rounds after idle and store each one's median of rounds.
 
     Picking the fastest of many noisy timings favours the lucky, and sustained load lowers the
@@ -482,6 +554,8 @@ def _final_rounds(book: TrialBook, backend: Backend, chain: Chain, outcome: Stud
     set_id = outcome.summary.measured
     if not contestants or all((c, set_id) in book.finals for c in contestants):
         return
+    if not board.take(f"finals/{book.name}", str(set_id)):
+        return  # another worker times this set
     rounds = backend.time_rounds(chain, contestants, FINAL_ROUNDS)
     if not rounds:
         if log is not None:
@@ -498,6 +572,7 @@ def _final_rounds(book: TrialBook, backend: Backend, chain: Chain, outcome: Stud
                                "measured": False, "tuner_version": __version__, "backend": backend.name})
         book.finals.add((c, set_id))
         outcome.finalists[c.short()] = value
+    board.done(f"finals/{book.name}", str(set_id))
 
 
 @contextlib.contextmanager

@@ -162,13 +162,29 @@ class TrialBook:
                 self.study.set_user_attr(key, value)
         self.dists = {k: CategoricalDistribution(v) for k, v in domains.items()}
         self.known: dict[Config, tuple[float | None, str | None]] = {}
+        self.finals: set[tuple[Config | None, Any]] = set()
+        self.summary = TrialSummary()
+        self._seen: set[int] = set()
         trials = self.study.get_trials(deepcopy=False)
         self._check_distributions(trials)
-        self.summary = summarize(trials)
-        for t in trials:
-            if decided(t) and (c := trial_config(t, n_stages)) is not None:
+        self._take_in(trials)
+
+    def _take_in(self, trials: Iterable[Any]) -> None:
+        from optuna.trial import TrialState  # noqa: PLC0415
+
+        for t in sorted(trials, key=lambda t: t.number):
+            if t.number in self._seen or t.state in (TrialState.RUNNING, TrialState.WAITING):
+                continue
+            self._seen.add(t.number)
+            self.summary.add(t)
+            if decided(t) and (c := trial_config(t, self.n_stages)) is not None:
                 self.known[c] = (t.value, t.user_attrs.get("reason"))
-        self.finals = {(trial_config(t, n_stages), t.user_attrs.get("final_set")) for t in trials if is_final(t)}
+            if is_final(t):
+                self.finals.add((trial_config(t, self.n_stages), t.user_attrs.get("final_set")))
+
+    def refresh(self) -> None:
+        """Take in the trials written since this book last looked (by this worker or another)."""
+        self._take_in(self.study.get_trials(deepcopy=False))
 
     def _check_distributions(self, trials: list[Any]) -> None:
         """Optuna refuses a parameter whose choices changed; say so before the first trial, in our words."""
@@ -182,8 +198,8 @@ class TrialBook:
             if t.distributions:
                 return
 
-    def record(self, config: Config, value: float | None, attrs: Mapping[str, Any]) -> Any:
-        """Write one finished trial (COMPLETE with ``value``, else FAIL) and return it."""
+    def record(self, config: Config, value: float | None, attrs: Mapping[str, Any]) -> None:
+        """Write one finished trial (COMPLETE with ``value``, else FAIL) and take it in."""
         import optuna  # noqa: PLC0415
         from optuna.trial import TrialState  # noqa: PLC0415
 
@@ -191,11 +207,7 @@ class TrialBook:
         self.study.add_trial(optuna.trial.create_trial(
             params=config.params(), distributions=self.dists, value=value if ok else None,
             state=TrialState.COMPLETE if ok else TrialState.FAIL, user_attrs=dict(attrs)))
-        trial = self.study.get_trials(deepcopy=False)[-1]
-        if attrs.get("measured"):
-            self.known[config] = (trial.value, attrs.get("reason"))
-        self.summary.add(trial)
-        return trial
+        self.refresh()
 
 
 def transfer_candidates(rdb: Any, chain: Chain, device: DeviceInfo, per_study: int = 3,
