@@ -265,6 +265,12 @@ class ClaimBoard:
             conn.execute(claims.delete().where(c.scope == scope, c.item == item, c.owner == self.owner,
                                                c.done == sa.false()))
 
+    def forget_done(self, scope: str, item: str) -> None:
+        """Remove a done claim whose result is not in the study (a study deleted and made again)."""
+        c = claims.c
+        with self.engine.begin() as conn:
+            conn.execute(claims.delete().where(c.scope == scope, c.item == item, c.done == sa.true()))
+
     def holder(self, scope: str, item: str) -> tuple[str, bool] | None:
         """(owner, done) of the claim, or None when nobody holds it."""
         c = claims.c

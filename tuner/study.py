@@ -332,11 +332,11 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
             return f"stage {p.stage}: tiling outside the feasible (or recorded) set"
         return None
 
-    budget_scope = f"budget/{book.name}"
+    budget_scope = f"budget/{book.scope}"
 
     def claim_key(p: Proposal) -> tuple[str, str]:
         digest = hashlib.sha256(json.dumps(p.config.to_dict(), sort_keys=True).encode()).hexdigest()[:40]
-        return book_of(p).name, digest
+        return book_of(p).scope, digest
 
     def count() -> None:
         outcome.stage_trials = sum(b.summary.measured for b in stage_books)
@@ -468,6 +468,9 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
                 count()
                 waiting = []
                 for i in theirs:
+                    held = board.holder(*claim_key(batch[i]))
+                    if held is not None and held[1] and known(batch[i]) is None:
+                        board.forget_done(*claim_key(batch[i]))  # done, yet no such trial: the study was made anew
                     got = known(batch[i]) or claim(batch[i])  # a dead worker's claim goes to the next who asks
                     if isinstance(got, Outcome):
                         results[i] = got
@@ -554,7 +557,7 @@ def _final_rounds(book: TrialBook, backend: Backend, chain: Chain, outcome: Stud
     set_id = outcome.summary.measured
     if not contestants or all((c, set_id) in book.finals for c in contestants):
         return
-    if not board.take(f"finals/{book.name}", str(set_id)):
+    if not board.take(f"finals/{book.scope}", str(set_id)):
         return  # another worker times this set
     rounds = backend.time_rounds(chain, contestants, FINAL_ROUNDS)
     if not rounds:
@@ -572,7 +575,7 @@ def _final_rounds(book: TrialBook, backend: Backend, chain: Chain, outcome: Stud
                                "measured": False, "tuner_version": __version__, "backend": backend.name})
         book.finals.add((c, set_id))
         outcome.finalists[c.short()] = value
-    board.done(f"finals/{book.name}", str(set_id))
+    board.done(f"finals/{book.scope}", str(set_id))
 
 
 @contextlib.contextmanager

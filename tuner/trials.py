@@ -182,6 +182,19 @@ class TrialBook:
             if is_final(t):
                 self.finals.add((trial_config(t, self.n_stages), t.user_attrs.get("final_set")))
 
+    @property
+    def scope(self) -> str:
+        """The claims' scope: the study's name and a token made with the study, so a study deleted and
+        made again under the same name claims afresh."""
+        if not hasattr(self, "_scope"):
+            import uuid  # noqa: PLC0415
+
+            if "claims" not in self.study.user_attrs:
+                self.study.set_user_attr("claims", uuid.uuid4().hex[:12])
+            # Read back: of two workers making the study at once, both use the token that stayed.
+            self._scope = f"{self.name}#{self.study.user_attrs['claims']}"
+        return self._scope
+
     def refresh(self) -> None:
         """Take in the trials written since this book last looked (by this worker or another)."""
         self._take_in(self.study.get_trials(deepcopy=False))
