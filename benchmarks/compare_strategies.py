@@ -24,28 +24,11 @@ from tuner.backends import get_backend  # noqa: E402
 from tuner.paths import home  # noqa: E402
 from tuner.space import load_space  # noqa: E402
 from tuner.study import figure_tag, run_study  # noqa: E402
-from tuner.trials import stage_study_name, study_name  # noqa: E402
+from tuner.trials import measured_history, trials_to_within  # noqa: E402
 from tuner.workloads import get_workload  # noqa: E402
 
 MARKS = (25, 50, 100, 200, 400)
 WITHIN = 1.03
-
-
-def history(storage: str, chain, device: str) -> list[float | None]:
-    """Every measured trial's whole-chain time in the order written (None for a stage timed alone
-    or a failure)."""
-    import optuna
-
-    names = [study_name(chain, device)] + [stage_study_name(chain, j, device) for j in range(len(chain.stages))]
-    rows = []
-    for name in names:
-        try:
-            study = optuna.load_study(study_name=name, storage=storage)
-        except KeyError:
-            continue
-        rows += [(t.datetime_complete, t.value if name == names[0] else None) for t in study.trials
-                 if t.user_attrs.get("measured")]
-    return [v for _, v in sorted(rows, key=lambda r: r[0])]
 
 
 def best_after(values: list[float | None], k: int) -> float | None:
@@ -81,7 +64,7 @@ def main() -> int:
                 url = f"sqlite:///{db}"
                 out = run_study(chain, space, backend, url, strategy=strategy, seed=seed, trials=args.trials,
                                 transfer=False, final=False)
-                runs.setdefault(strategy, []).append(history(url, chain, device))
+                runs.setdefault(strategy, []).append(measured_history(url, chain, device))
                 print(f"{strategy} seed {seed}: {out.measured} trials in {out.elapsed_s:.0f} s, best "
                       f"{out.summary.best_us:.2f} us{tag} ({out.stop})", flush=True)
     finally:
@@ -96,8 +79,7 @@ def main() -> int:
         for k in marks:
             got = [b for r in rs if (b := best_after(r, k)) is not None]
             cells.append(f"{median(got):8.2f}" if got else "       -")
-        reach = [next((i for i, v in enumerate(r, 1) if v is not None and v <= top * WITHIN), len(r) + 1)
-                 for r in rs]
+        reach = [trials_to_within(r, top, WITHIN) for r in rs]
         print(f"{strategy:8}  " + "  ".join(cells) + f"  {median(reach):g} {reach}")
     return 0
 

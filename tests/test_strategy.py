@@ -11,33 +11,12 @@ from tuner.backends.replay import ReplayBackend
 from tuner.paths import home
 from tuner.space import load_space
 from tuner.study import run_study
-from tuner.trials import stage_study_name, study_name
+from tuner.trials import measured_history, trials_to_within
 from tuner.workloads import get_workload
 
 SEEDS = range(5)  # 20 took over an hour on a 2-core host
 WITHIN = 1.03
 CASES = [("gpt3", 256, "gpt3.staged.measurements.json"), ("llama", 320, "llama.measurements.json")]
-
-
-def trials_to_reach(storage: str, chain, device: str, target: float) -> int:
-    """1-based count of measured trials (the stages' alone included, in the order they were written)
-    up to the first whole-chain trial within WITHIN of ``target``; one more than all when none is."""
-    import optuna
-
-    names = [study_name(chain, device)] + [stage_study_name(chain, j, device) for j in range(len(chain.stages))]
-    trials = []
-    for name in names:
-        try:
-            study = optuna.load_study(study_name=name, storage=storage)
-        except KeyError:
-            continue
-        trials += [(t.datetime_complete, name == names[0], t.value) for t in study.trials
-                   if t.user_attrs.get("measured")]
-    trials.sort(key=lambda x: x[0])
-    for i, (_, whole, value) in enumerate(trials, 1):
-        if whole and value is not None and value <= target * WITHIN:
-            return i
-    return len(trials) + 1
 
 
 # Slow (python -m pytest -m slow). Expected to fail with today's recordings: they hold the chains
@@ -69,7 +48,8 @@ def test_staged_needs_at_most_a_third_of_random_searchs_trials(workload, tokens,
             storage = f"sqlite:///{fast_dir / f'strategy-{workload}{tokens}-{strategy}{seed}.db'}"
             run_study(chain, space, backend, storage, strategy=strategy, seed=seed, trials=budget, transfer=False,
                       final=False)
-            reached[strategy].append(trials_to_reach(storage, chain, device, min(recorded)))
+            history = measured_history(storage, chain, device)
+            reached[strategy].append(trials_to_within(history, min(recorded), WITHIN))
     with capsys.disabled():
         print(f"\n{chain.label} (replayed H200 recording, {len(recorded)} chains): trials to within 3% of the best, "
               + ", ".join(f"{s} median {median(v)} {v}" for s, v in reached.items()))

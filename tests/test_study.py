@@ -380,3 +380,14 @@ def test_show_counts_the_stages_timed_alone_beside_the_chain_trials(storage):
     out = run_study(CHAIN, SMALL, FakeBackend(), storage, strategy="staged", trials=40, check=no_col_order)
     (row,) = collect(storage, "gpt3")  # the stage studies are no results of their own
     assert row["trials"] + row["stage_trials"] == out.measured == 40 and row["stage_trials"] == out.stage_trials > 0
+
+
+def test_the_history_counts_stages_alone_and_stops_at_the_first_chain_within_reach(storage):
+    from tuner.trials import measured_history, trials_to_within
+
+    out = run_study(CHAIN, SMALL, FakeBackend(), storage, strategy="staged", trials=30, check=no_col_order)
+    history = measured_history(storage, CHAIN, DEVICE)
+    assert len(history) == out.measured == 30 and history.count(None) >= out.stage_trials
+    best = min(v for v in history if v is not None)
+    assert history[trials_to_within(history, best, 1.0) - 1] == best
+    assert trials_to_within(history, best / 2, 1.0) == 31

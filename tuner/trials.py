@@ -270,3 +270,26 @@ def transfer_candidates(rdb: Any, chain: Chain, device: DeviceInfo, per_study: i
             tiles += [c.tiles[0] for c in best_of(name, 1) if c.tiles[0] not in tiles]
         stage_tiles.append(tiles)
     return chain_cfgs, stage_tiles
+
+
+def measured_history(storage: Any, chain: Chain, device: DeviceInfo | str) -> list[float | None]:
+    """Every measured trial of ``chain``'s studies (its stages' alone included) in the order written:
+    the whole-chain time, or None for a stage timed alone or a failure."""
+    import optuna  # noqa: PLC0415
+
+    names = [study_name(chain, device)] + [stage_study_name(chain, j, device) for j in range(len(chain.stages))]
+    rows = []
+    for name in names:
+        try:
+            study = optuna.load_study(study_name=name, storage=storage)
+        except KeyError:
+            continue
+        rows += [(t.datetime_complete, t.value if name == names[0] else None) for t in study.trials
+                 if t.user_attrs.get("measured")]
+    return [v for _, v in sorted(rows, key=lambda r: r[0])]
+
+
+def trials_to_within(history: list[float | None], target: float, within: float) -> int:
+    """1-based count of trials up to the first whole-chain time within ``within`` of ``target``;
+    one more than all when none is."""
+    return next((i for i, v in enumerate(history, 1) if v is not None and v <= target * within), len(history) + 1)
