@@ -123,6 +123,10 @@ class WholeChainStrategy(Strategy):
         self._opening = opening(ctx)
         self._opened = set(self._opening)
 
+    def first_usable(self, walk: Iterable[Config]) -> Config | None:
+        """The next config of ``walk`` not yet seen that the checker accepts (None at its end)."""
+        return next((c for c in walk if c not in self.seen and self.ctx.accept(c)), None)
+
     @abstractmethod
     def draw(self) -> Config | None:
         """A usable config not in ``self.seen``; None when the strategy has none left."""

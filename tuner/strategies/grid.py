@@ -14,4 +14,4 @@ class GridSearch(WholeChainStrategy):
         self._walk = ctx.feasible.grid(ctx.seed)
 
     def draw(self) -> Config | None:
-        return next((c for c in self._walk if c not in self.seen and self.ctx.accept(c)), None)
+        return self.first_usable(self._walk)

@@ -26,4 +26,4 @@ class RandomSearch(WholeChainStrategy):
                 if c not in self.seen and self.ctx.accept(c):
                     return c
             self._walk = fs.grid(self.ctx.seed)  # nearly everything seen: finish the set in grid order
-        return next((c for c in self._walk if c not in self.seen and self.ctx.accept(c)), None)
+        return self.first_usable(self._walk)
