@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -335,3 +336,40 @@ def test_the_readme_lists_the_shipped_search_space():
     assert tomllib.loads(block) == shipped
     llama = tomllib.loads((home() / "search_spaces" / "llama.toml").read_text())
     assert llama["stage"] == shipped["stage"]  # "holds the same candidates"
+
+
+@pytest.mark.parametrize("name, tokens", [("gpt3", 256), ("llama", 320)])
+def test_space_and_checker_agree_on_every_shipped_sync_choice(name, tokens):
+    """The space's constraints and the checker read the policy formulas' names from one builder
+    (tuner.sync.grid_env), so what the space holds the checker accepts, for every sync choice."""
+    from tuner.checker import check
+
+    chain = get_workload(name).chain(tokens=tokens)
+    fs = load_space(home() / "search_spaces" / f"{name}.toml").feasible(chain, H200)
+    rng = np.random.default_rng(7)
+    live = [c for c in fs.combos if _has(fs, c)]
+    assert {c[0] for c in live} == {"stream", "tile", "row"}
+    for combo in live:
+        for _ in range(4):
+            cfg = fs.sample(rng, combo)
+            assert cfg.globals == combo
+            assert check(chain, cfg) is None, cfg.short()
+
+
+def _has(fs, combo) -> bool:
+    try:
+        fs.sample(np.random.default_rng(0), combo)
+    except ValueError:
+        return False
+    return True
+
+
+def test_a_folding_epilogue_narrows_the_producer_tile_for_the_tile_policy():
+    """SwiGLU stores half its accumulator columns: a 64-wide gate/up tile writes 32 columns of
+    the down projection's input, which a 64-deep K chunk of the consumer overruns."""
+    chain = get_workload("llama").chain(tokens=320)
+    fs = load_space(home() / "search_spaces" / "llama.toml").feasible(chain, H200)
+    cfg = fs.sample(np.random.default_rng(1), ("tile", "row", "block", "two_stream"))
+    narrow = Config((replace(cfg.tiles[0], bn=64), replace(cfg.tiles[1], bk=64)), *cfg.globals)
+    why = fs.contains(narrow)
+    assert why is not None and "policy_requires" in why and "BN=32 stored columns" in why, why

@@ -78,6 +78,13 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
+def _index_list(text: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected GPU indices separated by commas (e.g. 0,1), got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
 def _fault(text: str) -> tuple[int, str]:
     from .render import FAULTS  # noqa: PLC0415
 
@@ -152,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline", type=_positive_float, default=60.0, metavar="S",
                    help="on a GPU: seconds a trial may run before its worker process is killed and the trial "
                         "recorded as a timeout, plus 100 times the baseline's measured runs (default: 60)")
+    p.add_argument("--gpus", type=_index_list, metavar="LIST",
+                   help="run one worker process per GPU (e.g. 0,1,2,3) on the same study; the same command on "
+                        "another host with the same --storage joins them")
+    p.add_argument("--claim-grace", type=_positive_float, metavar="S", default=None,
+                   help="seconds after a worker's last heartbeat (every few seconds) before the others take over "
+                        "what it was measuring (default: 60)")
     p.add_argument("--plant-fault", type=_fault, action="append", metavar="N:KIND", default=[],
                    help="testing the isolation on a GPU: plant a fault in the N-th measured trial; "
                         "KIND is one of illegal_address, hang, missing_post")
@@ -210,6 +223,13 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
                         sizes_from_args)
 
     wl = get_workload(args.workload)
+    if args.gpus:
+        from .backends import gpu_count  # noqa: PLC0415
+        from .workers import check_gpus, run_workers, strip_option  # noqa: PLC0415
+
+        # Replaying workers, or no GPU to count: nothing to check the indices against.
+        check_gpus(args.gpus, (gpu_count() or None) if args.backend != "replay" else None)
+        return run_workers(strip_option(argv, "--gpus"), args.gpus)
     spec = load_study_file(args.study_file) if args.study_file else default_study(wl.name)
     if spec.workload != wl.name:
         raise UsageError(f"{spec.source} tunes {spec.workload}, not {wl.name}; accepted: "
@@ -249,7 +269,8 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
         for chain in chains:
             warm = picked_configs(warm_file, chain.label) if warm_file is not None else []
             outcome = run_study(chain, space, backend, args.storage, strategy=strategy, seed=seed, trials=trials,
-                                timeout=timeout, progress=True, warm=warm, transfer=not args.no_transfer, log=print)
+                                timeout=timeout, progress=True, warm=warm, transfer=not args.no_transfer, log=print,
+                                **({} if args.claim_grace is None else {"claim_grace_s": args.claim_grace}))
             print(describe(outcome, tag))
             if outcome.interrupted:
                 print(f"interrupted: every measured trial is stored in {args.storage}; "

@@ -29,7 +29,7 @@ from . import UsageError
 from .backends.base import DeviceInfo
 from .config import GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
 from .expr import Expr
-from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, launch_allowed
+from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, grid_env, launch_allowed, pair_env
 from .tomlfile import did_you_mean, read_toml
 from .workloads import Chain
 
@@ -311,22 +311,16 @@ def cluster_launch(dispatch: str, launch: str, grids: Sequence[StageGrid]) -> st
     return f"{', '.join(clustered)}: {why}" if why else None
 
 
-def _grid_env(g: StageGrid, idx: str) -> dict[str, int]:
-    t = g.tiles
-    return {f"BM{idx}": t.bm, f"BN{idx}": t.bn, f"BK{idx}": t.bk, f"MT{idx}": g.mt, f"NT{idx}": g.nt,
-            f"KC{idx}": g.kc, f"S{idx}": t.split_k}
-
-
 def policy_requires(policy: str, producer: StageGrid, consumer: StageGrid) -> str | None:
     """The sync policy's own condition on a producer/consumer pair of tilings."""
     pol = POLICIES[policy]
     if pol is None:
         return None
-    env = {**_grid_env(producer, "1"), **_grid_env(consumer, "2")}
+    env = pair_env(producer, consumer)
     if pol.requires(env):
         return None
     return (f"the {policy} policy needs {pol.requires_doc or pol.requires.text} "
-            f"({producer.stage.name} BN={producer.tiles.bn}, {consumer.stage.name} BK={consumer.tiles.bk})")
+            f"({producer.stage.name} BN={env['BN1']} stored columns, {consumer.stage.name} BK={env['BK2']})")
 
 
 def fused_threads(launch: str, grids: Sequence[StageGrid]) -> str | None:
@@ -378,7 +372,7 @@ class _Plan:
         for grids in tilings:
             by_sig: dict[tuple, _Group] = {}
             for g in grids:
-                out_env, in_env = _grid_env(g, "1"), _grid_env(g, "2")
+                out_env, in_env = grid_env(g, "1"), grid_env(g, "2")
                 key_in = tuple(in_env[n] for n in self.in_names)
                 key_out = tuple(out_env[n] for n in self.out_names)
                 thr = g.tiles.threads if fused else None
@@ -631,11 +625,21 @@ class FeasibleSet:
         local = i - (self._prefix[c - 1] if c else 0)
         return Config(self._plan(combo).unrank(local), *combo)
 
-    def sample(self, rng: np.random.Generator) -> Config:
-        """One config drawn uniformly from the set."""
-        if not self.size:
-            raise ValueError("cannot sample from an empty feasible set")
-        return self.unrank(int(rng.integers(self.size)))
+    def sample(self, rng: np.random.Generator, combo: tuple[str, str, str, str] | None = None) -> Config:
+        """One config drawn uniformly from the set, or from its configs of one sync ``combo``."""
+        if combo is None:
+            if not self.size:
+                raise ValueError("cannot sample from an empty feasible set")
+            return self.unrank(int(rng.integers(self.size)))
+        if self._explicit is not None:
+            mine = [c for c in self._explicit if c.globals == combo]
+            if not mine:
+                raise ValueError(f"no feasible config with sync choice {combo}")
+            return mine[int(rng.integers(len(mine)))]
+        c = self.combos.index(combo)
+        if not self._combo_counts[c]:
+            raise ValueError(f"no feasible config with sync choice {combo}")
+        return Config(self._plan(combo).unrank(int(rng.integers(self._combo_counts[c]))), *combo)
 
     def grid(self, seed: int = 0) -> Iterator[Config]:
         """Every feasible config exactly once, in a shuffled order fixed by ``seed``; lazy."""

@@ -9,8 +9,9 @@ only ever served back to a replayed backend; a GPU backend sees measured rows on
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
@@ -21,6 +22,7 @@ from .config import Config
 
 DEFAULT_STORAGE = "sqlite:///tuner.db"
 TABLE = "tuner_measurements"
+T = TypeVar("T")
 
 _metadata = sa.MetaData()
 measurements = sa.Table(
@@ -43,6 +45,18 @@ class StorageError(UsageError):
 
 def _accepted() -> str:
     return f"accepted: an SQLAlchemy database URL, e.g. {DEFAULT_STORAGE}"
+
+
+def driver_url(url: str) -> str:
+    """``url`` with a PostgreSQL driver that is installed: a plain ``postgresql://`` URL means
+    psycopg2 to SQLAlchemy, so it goes through psycopg 3 (the ``postgresql`` extra) when only
+    that one is there."""
+    import importlib.util  # noqa: PLC0415
+
+    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg2") is None \
+            and importlib.util.find_spec("psycopg") is not None:
+        return "postgresql+psycopg://" + url[len("postgresql://"):]
+    return url
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -82,12 +96,12 @@ def _connect_args(url: str) -> dict[str, Any]:
 
 def _engine(url: str) -> sa.Engine:
     try:
-        engine = sa.create_engine(url, connect_args=_connect_args(url))
+        engine = sa.create_engine(driver_url(url), connect_args=_connect_args(url))
     except (sa.exc.ArgumentError, ValueError) as exc:
         raise StorageError(f"storage URL {url!r} is not valid: {exc}; {_accepted()}") from None
     except ImportError as exc:
         raise StorageError(f"storage URL {url!r} needs a database driver that is not installed ({exc}); "
-                           f"{_accepted()}") from None
+                           f"{_accepted()}, and for PostgreSQL: pip install -e '.[postgresql]'") from None
     if sqlite_path(url) is not None:
         # Readers do not block the writer, nor it them (the mode is kept in the file).
         try:
@@ -98,12 +112,31 @@ def _engine(url: str) -> sa.Engine:
     return engine
 
 
+def _create_tables(engine: sa.Engine, tables: list[sa.Table] | None = None) -> None:
+    """Create our tables where missing (see :func:`_retry_race`)."""
+    _retry_race(lambda: _metadata.create_all(engine, tables=tables))
+
+
+def _retry_race(make: Callable[[], T]) -> T:
+    """``make()``, tried again where it failed because another worker created the same tables at
+    the same moment (workers started together race; the one that loses finds them made)."""
+    for attempt in range(3):
+        try:
+            return make()
+        except (sa.exc.OperationalError, sa.exc.ProgrammingError, sa.exc.IntegrityError) as exc:
+            if attempt == 2 or "exist" not in str(exc).lower() and "unique" not in str(exc).lower():
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 def open_optuna_storage(url: str):
     """Optuna's RDB storage for ``url``, with a one-line error when it cannot be opened."""
     import optuna  # noqa: PLC0415 - slow import, only for commands that touch studies
 
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": _connect_args(url)})
+        return _retry_race(lambda: optuna.storages.RDBStorage(driver_url(url),
+                                                              engine_kwargs={"connect_args": _connect_args(url)}))
     except (sa.exc.SQLAlchemyError, ImportError, ValueError, RuntimeError) as exc:
         raise StorageError(f"cannot open storage {url}: {_first_line(exc)}; {_accepted()}") from None
 
@@ -120,7 +153,7 @@ class MeasurementStore:
         self.url = url
         self.engine = _engine(url)
         try:
-            _metadata.create_all(self.engine)
+            _create_tables(self.engine)
             if writable:
                 self._check_writable()
         except sa.exc.SQLAlchemyError as exc:
@@ -212,7 +245,7 @@ class ClaimBoard:
         import uuid  # noqa: PLC0415
 
         self.engine = _engine(url)
-        _metadata.create_all(self.engine, tables=[claims])
+        _create_tables(self.engine, [claims])
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.beat_s, self.grace_s = beat_s, grace_s
         self._stop = threading.Event()
@@ -270,6 +303,15 @@ class ClaimBoard:
         c = claims.c
         with self.engine.begin() as conn:
             conn.execute(claims.delete().where(c.scope == scope, c.item == item, c.done == sa.true()))
+
+    def open_items(self, scope: str, items: Iterable[str]) -> list[str]:
+        """Those of ``items`` (in their order) that are unclaimed or held by a dead worker."""
+        c = claims.c
+        stale = self._now() - self.grace_s
+        with self.engine.connect() as conn:
+            held = {row.item for row in conn.execute(sa.select(c.item, c.beat, c.done).where(c.scope == scope))
+                    if row.done or row.beat >= stale}
+        return [i for i in items if i not in held]
 
     def holder(self, scope: str, item: str) -> tuple[str, bool] | None:
         """(owner, done) of the claim, or None when nobody holds it."""

@@ -43,6 +43,7 @@ STUDY_KEYS = ("workload", "sizes", "space", "strategy", "seed", "trials", "timeo
 DEFAULT_TRIALS = {"staged": 400}
 
 Checker = Callable[[Chain, Config], "str | None"]
+CLAIM_GRACE_S = 60.0  # a worker silent this long is taken for dead: its claims go to the others
 POLL_S = 0.2  # how often a worker looks for the trials of configs another worker is measuring
 
 
@@ -237,7 +238,7 @@ def _stage_domains(fs: FeasibleSet, j: int) -> dict[str, list]:
 def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, *, strategy: str = DEFAULT_STRATEGY,
               seed: int = 0, trials: int | None = None, timeout: float | None = None, check: Checker | None = None,
               progress: bool = False, warm: Sequence[Config] = (), transfer: bool = True, final: bool = True,
-              log: Callable[[str], Any] | None = None) -> StudyOutcome:
+              log: Callable[[str], Any] | None = None, claim_grace_s: float = CLAIM_GRACE_S) -> StudyOutcome:
     """Tune ``chain`` until its studies hold ``trials`` measured trials, time runs out or the strategy is done.
 
     ``check`` is the sync-protocol checker (default: :func:`tuner.checker.check`). ``warm`` are
@@ -246,6 +247,10 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
     ``final`` and a measuring backend, the fastest few of each kind are timed again in
     interleaved rounds, whose medians give the study's best. Ctrl-C ends the run cleanly:
     what was measured is stored and the outcome says ``stop == "interrupted"``.
+
+    Several workers may run the same study on one storage: each config and each of the
+    ``trials`` budget slots is claimed before it is measured (:class:`tuner.store.ClaimBoard`),
+    and a worker's claims are taken over by the others ``claim_grace_s`` after its last heartbeat.
     """
     import optuna  # noqa: PLC0415 - slow import
 
@@ -276,7 +281,7 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
     strat = make_strategy(strategy)
     store = MeasurementStore(storage)
     rdb = open_optuna_storage(storage)
-    board = ClaimBoard(storage)
+    board = ClaimBoard(storage, beat_s=min(5.0, claim_grace_s / 4), grace_s=claim_grace_s)
     common = {"workload": chain.workload, "size": chain.size_dict, "label": chain.label, "device": device.name,
               "backend": backend.name, "replayed": backend.replayed,
               "synthetic": bool(getattr(backend, "synthetic", False))}
@@ -358,11 +363,11 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
         if hit is not None:
             board.drop(*claim_key(p))
             return hit
-        k = outcome.measured + 1
-        while k <= trials:  # one slot per measured trial: workers together measure exactly the budget
-            if board.take(budget_scope, str(k)):
-                return str(k)
-            k += 1
+        # One slot per measured trial, so workers together measure exactly the budget. Slots are
+        # tried in order, a dead worker's too: skipping it would leave the study one trial short.
+        for k in board.open_items(budget_scope, (str(k) for k in range(1, trials + 1))):
+            if board.take(budget_scope, k):
+                return k
         board.drop(*claim_key(p))
         return None
 
@@ -436,27 +441,24 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
                 new.append(i)
             if len(new) > left:
                 new = new[:max(left, 0)]
-            # Each config is claimed first: of several workers on one study, one measures it and the
-            # others take its trial from the storage.
-            mine: list[tuple[int, str]] = []
+            # Each config is claimed just before it is measured: of several workers on one study,
+            # one measures it and the others take its trial from the storage, so workers running
+            # the same plan spread its configs between them. All are compiled ahead all the same.
             theirs: list[int] = []
-            for i in new:
+            targets = [(chain if batch[i].stage is None else alone[batch[i].stage], batch[i].config) for i in new]
+            stopped = False
+            for k in backend.prepare(targets):
+                if deadline is not None and time.monotonic() >= deadline:
+                    outcome.stop, stopped = "timeout", True
+                    break
+                i = new[k]
                 got = claim(batch[i])
                 if isinstance(got, Outcome):
                     results[i] = got
                 elif got is None:
                     theirs.append(i)
                 else:
-                    mine.append((i, got))
-            targets = [(chain if batch[i].stage is None else alone[batch[i].stage], batch[i].config)
-                       for i, _ in mine]
-            stopped = False
-            for k in backend.prepare(targets):
-                if deadline is not None and time.monotonic() >= deadline:
-                    outcome.stop, stopped = "timeout", True
-                    break
-                i, slot = mine[k]
-                results[i] = measure(batch[i], slot)
+                    results[i] = measure(batch[i], got)
                 _show(bar, book.summary, tag, strat.phase())
             while theirs and not stopped and outcome.measured < trials:
                 if deadline is not None and time.monotonic() >= deadline:

@@ -127,17 +127,25 @@ def cluster_allowed(dispatch: str, launch: str) -> str | None:
     return None
 
 
-def pair_env(producer: "StageGrid", consumer: "StageGrid") -> dict[str, int]:
-    """Values of the constant names a policy formula reads, for one producer/consumer pair.
+def grid_env(grid: "StageGrid", idx: str) -> dict[str, int]:
+    """Values of the constant names a policy formula reads for one stage, suffixed ``idx``
+    (``"1"`` as the producer of a pair, ``"2"`` as its consumer): tile height ``BM``, tile
+    width ``BN`` in *stored* output columns (what a consumer reads, so an epilogue that folds
+    column pairs halves it), ``BK``, tile rows ``MT`` and columns ``NT``, K chunks ``KC`` and
+    splits ``S``.
 
-    Both the kernel renderer and the model checker build their environment here.
-
-    ``BN1`` is the producer tile's width in *stored* output columns (which is what the
-    consumer reads), so an epilogue that folds column pairs halves it.
+    The one builder of that environment: the search space's constraints, the kernel renderer
+    and the model checker all read it, so they cannot disagree about a name.
     """
-    fold = producer.stage.n // producer.stage.n_out
-    return {"BM1": producer.tiles.bm, "BN1": producer.tiles.bn // fold, "MT1": producer.mt, "NT1": producer.nt,
-            "BM2": consumer.tiles.bm, "BK2": consumer.tiles.bk, "MT2": consumer.mt}
+    st, t = grid.stage, grid.tiles
+    fold = st.n // st.n_out
+    return {f"BM{idx}": t.bm, f"BN{idx}": t.bn // fold, f"BK{idx}": t.bk, f"MT{idx}": grid.mt, f"NT{idx}": grid.nt,
+            f"KC{idx}": grid.kc, f"S{idx}": t.split_k}
+
+
+def pair_env(producer: "StageGrid", consumer: "StageGrid") -> dict[str, int]:
+    """The environment of a policy's formulas for one producer/consumer pair (see :func:`grid_env`)."""
+    return {**grid_env(producer, "1"), **grid_env(consumer, "2")}
 
 
 def order_env(grid: "StageGrid") -> dict[str, int]:

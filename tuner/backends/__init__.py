@@ -11,17 +11,22 @@ from .base import FAIL_REASONS, Backend, DeviceInfo, Measurement
 BACKENDS = ("auto", "gpu", "replay")
 
 __all__ = ["BACKENDS", "FAIL_REASONS", "Backend", "DeviceInfo", "Measurement", "default_recordings",
-           "get_backend", "gpu_visible", "synthetic_recording"]
+           "get_backend", "gpu_count", "gpu_visible", "synthetic_recording"]
+
+
+def gpu_count() -> int | None:
+    """How many CUDA devices the runtime sees, or None when it cannot tell (no cupy, no driver)."""
+    try:
+        import cupy  # noqa: PLC0415 - optional dependency, only on GPU hosts
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # any failure (no cupy, no driver) means: cannot count
+        return None
 
 
 def gpu_visible() -> bool:
     """True when cupy imports and the CUDA runtime sees at least one device."""
-    try:
-        import cupy  # noqa: PLC0415 - optional dependency, only on GPU hosts
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # any failure (no cupy, no driver, no device) means: no usable GPU
-        return False
+    return bool(gpu_count())
 
 
 def synthetic_recording() -> Path:
