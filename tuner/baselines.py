@@ -1,8 +1,9 @@
 """What a user gets without us, and the floor, measured in the same process as our kernels.
 
-- cuBLAS chain as a CuPy user writes it (``x @ w1.T``, GeLU, ``@ w2.T``);
-- PyTorch, where installed (not a dependency): eager, captured in a CUDA graph, and captured
-  with cuBLASLt's GELU epilogue (``torch._addmm_activation``);
+- cuBLAS chain as a CuPy user writes it (``x @ w1.T``, the epilogue, ``@ w2.T``);
+- PyTorch, where installed (not a dependency): eager, captured in a CUDA graph, and, where
+  cuBLASLt has the epilogue built in (GELU, ``torch._addmm_activation``), captured in that form;
+  each epilogue's forms come from :mod:`tuner.epilogues`;
 - the floor: the chain's fewest bytes over the measured read bandwidth, or its FLOPs over the
   measured fp16 GEMM rate, whichever is larger.
 """
@@ -12,6 +13,7 @@ import math
 from statistics import median
 from typing import Any, Callable
 
+from .epilogues import get_epilogue
 from .workloads import Chain
 
 _READ_SRC = r"""
@@ -75,57 +77,50 @@ def cupy_chain(chain: Chain, x, ws) -> Callable[[], Any]:
     """The chain as a CuPy user writes it."""
     import cupy as cp
 
-    gelu = cp.ElementwiseKernel("T x", "T y", "float v = x; y = 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)))",
-                                "tuner_gelu")
+    epis = [get_epilogue(st.epilogue) for st in chain.stages]
 
     def run():
         a = x
-        for st, w in zip(chain.stages, ws):
-            a = a @ w.T
-            if st.epilogue == "gelu":
-                a = gelu(a)
-            elif st.epilogue == "silu_mul":
-                g, u = a[:, 0::2], a[:, 1::2]
-                a = (g / (1 + cp.exp(-g)) * u).astype(cp.float16)
+        for e, w in zip(epis, ws):
+            a = e.cupy(cp, a @ w.T)
         return a
 
     return run
 
 
 def torch_chains(chain: Chain, x, ws) -> dict[str, Callable[[], Any]]:
-    """PyTorch's chains as a PyTorch user writes them, eager and in a CUDA graph; for GeLU also with
-    cuBLASLt's GELU epilogue, for SwiGLU with gate and up as one GEMM (their weights concatenated
-    once, outside the timing) then ``silu(g) * u``. Empty when torch is absent."""
+    """PyTorch's chains as a PyTorch user writes them, eager and in a CUDA graph, with the weights
+    held as a PyTorch model holds them (for SwiGLU, gate and up as one GEMM, then ``silu(g) * u``);
+    where an epilogue is built into cuBLASLt (GELU), also a graph of that form. Empty when
+    torch is absent."""
     try:
         import torch
     except Exception:
         return {}
-    epilogues = [s.epilogue for s in chain.stages]
-    if epilogues not in (["gelu", "none"], ["silu_mul", "none"]):
-        return {}
-    tx = torch.as_tensor(x, device="cuda")
-    tw = [torch.as_tensor(w, device="cuda") for w in ws]
     F = torch.nn.functional
-    variants: dict[str, Callable[[], Any]] = {}
-    if epilogues[0] == "gelu":
-        zero_bias = torch.zeros(tw[0].shape[0], dtype=torch.float16, device="cuda")
+    epis = [get_epilogue(st.epilogue) for st in chain.stages]
+    tx = torch.as_tensor(x, device="cuda")
+    tw = [e.torch_weight(torch.as_tensor(w, device="cuda")) for e, w in zip(epis, ws)]
 
-        def eager():
-            return F.linear(F.gelu(F.linear(tx, tw[0]), approximate="tanh"), tw[1])
+    def eager():
+        h = tx
+        for e, w in zip(epis, tw):
+            h = e.torch(F, F.linear(h, w))
+        return h
 
-        def lt_gelu():
-            return torch.mm(torch._addmm_activation(zero_bias, tx, tw[0].t(), use_gelu=True), tw[1].t())
+    variants: dict[str, Callable[[], Any]] = {"torch eager": eager, "torch graph": eager}
+    fused = [e.name for e in epis if e.torch_fused is not None]
+    if fused:
+        steps = [e.torch_fused(torch, w) if e.torch_fused is not None
+                 else (lambda h, e=e, w=w: e.torch(F, torch.mm(h, w.t()))) for e, w in zip(epis, tw)]
 
-        variants = {"torch eager": eager, "torch graph": eager, "torch graph+cublasLt gelu": lt_gelu}
-    else:
-        # Our weight interleaves gate and up rows; a PyTorch model holds them as [gate; up].
-        w_gu = torch.cat([tw[0][0::2], tw[0][1::2]]).contiguous()
+        def lt():
+            h = tx
+            for step in steps:
+                h = step(h)
+            return h
 
-        def eager():
-            g, u = F.linear(tx, w_gu).chunk(2, dim=-1)
-            return F.linear(F.silu(g) * u, tw[1])
-
-        variants = {"torch eager": eager, "torch graph": eager}
+        variants[f"torch graph+cublasLt {'+'.join(dict.fromkeys(fused))}"] = lt
     out = {"torch eager": variants.pop("torch eager")}
     for name, fn in variants.items():
         try:

@@ -182,7 +182,7 @@ def table(summary: dict[str, Any]) -> str:
 
 
 def main(args) -> int:
-    """CLI entry: ``bench WORKLOAD [--tokens LIST] [--hidden N] [--ffn N] [--trials N] [--out PATH]``."""
+    """CLI entry: ``bench WORKLOAD [size flags] [--trials N] [--out PATH]``."""
     from .backends.gpu import gpu_available
     from .paths import home
     from .study import sizes_from_args

@@ -220,12 +220,12 @@ def producer_rows(producer: StageGrid, consumer: StageGrid, m2: np.ndarray) -> t
 def producer_cols(producer: StageGrid) -> tuple[np.ndarray, np.ndarray]:
     """Stored output columns ``[lo, hi)`` each producer tile column writes.
 
-    A folding epilogue (silu_mul) stores the pair of accumulator columns ``2c, 2c+1``
+    A folding epilogue (SwiGLU) stores the pair of accumulator columns ``2c, 2c+1``
     as column ``c``, so tile ``n1`` writes the columns whose accumulator pair starts
     inside its ``BN`` columns.
     """
     st, bn = producer.stage, producer.tiles.bn
-    fold = st.n // st.n_out
+    fold = st.fold
     n1 = np.arange(producer.nt, dtype=np.int64)
     acc_lo, acc_hi = n1 * bn, np.minimum((n1 + 1) * bn, st.n)
     return -(-acc_lo // fold), -(-acc_hi // fold)

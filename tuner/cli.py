@@ -17,7 +17,7 @@ from typing import Callable, NoReturn, Sequence
 
 from . import UsageError, __version__, shortlist
 from .store import DEFAULT_STORAGE, check_exists
-from .workloads import WORKLOADS, WorkloadError, get_workload
+from .workloads import WORKLOADS, WorkloadError, get_workload, size_flags
 
 USER_ERRORS = (UsageError, WorkloadError)
 EXIT_USAGE = 2
@@ -118,11 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(run=run)
         return p
 
-    def sizes(p: argparse.ArgumentParser, fixed: bool = True) -> None:
-        p.add_argument("--tokens", type=_int_list, metavar="LIST", help="token counts, comma separated")
-        if fixed:
-            p.add_argument("--hidden", type=_positive_int, metavar="N", help="model width")
-            p.add_argument("--ffn", type=_positive_int, metavar="N", help="MLP width")
+    def sizes(p: argparse.ArgumentParser) -> None:
+        # One flag per size any workload has, from the workload definitions.
+        everyone = set(WORKLOADS)
+        for name, (doc, owners) in size_flags().items():
+            whose = "" if set(owners) == everyone else f" ({', '.join(owners)})"
+            p.add_argument(f"--{name}", type=_int_list, metavar="LIST", help=f"{doc}, comma separated{whose}")
 
     from .backends import BACKENDS  # noqa: PLC0415
     from .strategies import DEFAULT as DEFAULT_STRATEGY  # noqa: PLC0415
@@ -203,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
                 storage=False)
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
     p.add_argument("--arch", default="sm_90", help="target architecture (default: sm_90)")
-    sizes(p, fixed=False)
+    sizes(p)
     p.add_argument("--jobs", type=_positive_int, metavar="N", help="parallel compiles")
     p.add_argument("--limit", type=_positive_int, metavar="N", help="compile at most N configs per size")
     return parser

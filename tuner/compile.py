@@ -347,7 +347,7 @@ def compile_many(sources: Iterable[tuple[K, str]], arch: str = "sm_90", jobs: in
 def main(args: argparse.Namespace) -> int:
     """Render the feasible configs of a workload and compile them (``python -m tuner compile``).
 
-    ``args``: ``workload``, ``arch``, ``tokens`` (a list, default: the workload's sweep),
+    ``args``: ``workload``, ``arch``, the size flags of the workload (lists; default: its sweep),
     ``jobs``, ``limit`` (configs per size). Configs the sync checker rejects are skipped.
     Exit status 1 when a source fails to compile.
     """
@@ -359,12 +359,13 @@ def main(args: argparse.Namespace) -> int:
     from .paths import home  # noqa: PLC0415
     from .render import render  # noqa: PLC0415
     from .space import load_space  # noqa: PLC0415
+    from .study import sizes_from_args  # noqa: PLC0415
     from .workloads import get_workload  # noqa: PLC0415
 
     if not _ARCH.fullmatch(args.arch):
         raise UsageError(f"--arch {args.arch!r} is not an architecture; accepted: sm_XY or sm_XYa, e.g. sm_90")
     wl = get_workload(args.workload)
-    tokens = list(getattr(args, "tokens", None) or wl.sweep)
+    sizes = sizes_from_args(wl, args)
     device = DeviceInfo(name=f"{args.arch} (compile only)", arch=args.arch.rstrip("a"))
     target = target_arch(device.arch)
     space = load_space(home() / "search_spaces" / f"{wl.name}.toml")
@@ -373,8 +374,8 @@ def main(args: argparse.Namespace) -> int:
 
     todo: list[tuple[tuple[str, str], str]] = []
     rejected = 0
-    for t in tokens:
-        chain = wl.chain(**{wl.sweep_param: t})
+    for size in sizes:
+        chain = wl.chain(**size)
         for cfg in islice(space.feasible(chain, device).grid(seed=0), args.limit):
             if check(chain, cfg, sms=device.sms):
                 rejected += 1
@@ -393,7 +394,7 @@ def main(args: argparse.Namespace) -> int:
             done += 1
             hits += out.cached
             spilled += out.spills
-    print(f"{wl.name} for {target} with NVRTC {toolkit_version()}: {len(todo)} configs over {len(tokens)} "
+    print(f"{wl.name} for {target} with NVRTC {toolkit_version()}: {len(todo)} configs over {len(sizes)} "
           f"size(s); {done} compiled ({hits} from the cache), {failed} failed, {spilled} spill registers to "
           f"local memory; {rejected} rejected by the sync checker; {time.perf_counter() - start:.1f} s wall; "
           f"cache: {cache}")

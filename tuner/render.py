@@ -16,6 +16,7 @@ import jinja2
 
 from .backends.base import DeviceInfo
 from .config import Config, StageGrid, StageTiles
+from .epilogues import get_epilogue
 from .paths import templates_dir
 from .sync import ORDERS, POLICIES, order_env, pair_env
 from .workloads import Chain
@@ -165,7 +166,7 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
         entry = dict(index=i, name=st.name, M=st.m, N=st.n, K=st.k, NOUT=st.n_out, epilogue=st.epilogue,
                      **order_env(g), KS=g.ks, KC=g.kc, blocks=g.blocks, threads=tl.threads,
                      BM=tl.bm, BN=tl.bn, BK=tl.bk, WM=tl.wm, WN=tl.wn, STAGES=tl.stages, MMA=tl.mma, CLUSTER=tl.cluster,
-                     A_ROWS=a_rows(st.m, tl.bm), OW=tl.bn // 2 if st.epilogue == "silu_mul" else tl.bn,
+                     A_ROWS=a_rows(st.m, tl.bm), OW=tl.bn // st.fold, epi=get_epilogue(st.epilogue),
                      order_m=order.m.c, order_n=order.n.c, order_s=order.s.c,
                      wait=None, post=None, started=None, guard=None, ticket=None, ws_base=0, arrive_base=0, written_base=0)
         entry["staged"] = staged_epilogue(tl, entry["OW"])

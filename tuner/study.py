@@ -35,7 +35,7 @@ from .strategies import make as make_strategy
 from .tomlfile import did_you_mean, read_toml
 from .trials import (FINALISTS, StudyError, TrialBook, TrialSummary, is_stream, measurement_attrs, stage_study_name,  # noqa: F401
                      study_name, summarize, transfer_candidates, trial_config)
-from .workloads import Chain, WorkloadError, get_workload
+from .workloads import Chain, WorkloadError, get_workload, size_flags
 
 STUDY_KEYS = ("workload", "sizes", "space", "strategy", "seed", "trials", "timeout")
 # The budget of one size by default: the staged search's stage pass, chain pass and refinement
@@ -137,8 +137,8 @@ def sizes_from_args(wl: Any, args: Any, base: Mapping[str, tuple[int, ...]] | No
     for key in wl.params:
         value = getattr(args, key, None)
         if value is not None:
-            sizes[key] = value if isinstance(value, tuple) else (value,)
-    for key in ("tokens", "hidden", "ffn"):
+            sizes[key] = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    for key in size_flags():
         if getattr(args, key, None) is not None and key not in wl.params:
             raise StudyError(f"workload {wl.name} has no size --{key}; accepted: "
                              f"{', '.join('--' + p for p in wl.params)}")

@@ -138,8 +138,7 @@ def grid_env(grid: "StageGrid", idx: str) -> dict[str, int]:
     and the model checker all read it, so they cannot disagree about a name.
     """
     st, t = grid.stage, grid.tiles
-    fold = st.n // st.n_out
-    return {f"BM{idx}": t.bm, f"BN{idx}": t.bn // fold, f"BK{idx}": t.bk, f"MT{idx}": grid.mt, f"NT{idx}": grid.nt,
+    return {f"BM{idx}": t.bm, f"BN{idx}": t.bn // st.fold, f"BK{idx}": t.bk, f"MT{idx}": grid.mt, f"NT{idx}": grid.nt,
             f"KC{idx}": grid.kc, f"S{idx}": t.split_k}
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-EPILOGUES = ("none", "gelu", "silu_mul")
+from .epilogues import EPILOGUES
+
 DTYPES = ("fp16",)
 
 
@@ -39,19 +40,26 @@ class GemmStage:
         if self.k % 8:
             # 16-byte cp.async chunks along K need K to be a multiple of 8 halves.
             raise WorkloadError(f"stage {self.name}: K={self.k} must be a multiple of 8")
-        if self.epilogue == "silu_mul" and self.n % 2:
-            raise WorkloadError(f"stage {self.name}: silu_mul needs an even N (interleaved gate/up), got {self.n}")
         if self.epilogue not in EPILOGUES:
             raise WorkloadError(f"stage {self.name}: unknown epilogue {self.epilogue!r}; accepted: {', '.join(EPILOGUES)}")
+        fold = EPILOGUES[self.epilogue].fold
+        if self.n % fold:
+            raise WorkloadError(f"stage {self.name}: the {self.epilogue} epilogue folds {fold} accumulator columns "
+                                f"into one, so N must be a multiple of {fold}, got {self.n}")
 
     @property
     def flops(self) -> int:
         return 2 * self.m * self.n * self.k
 
     @property
+    def fold(self) -> int:
+        """Accumulator columns per stored column (see :mod:`tuner.epilogues`)."""
+        return EPILOGUES[self.epilogue].fold
+
+    @property
     def n_out(self) -> int:
-        """Columns of the stored output: silu_mul folds each (gate, up) column pair into one."""
-        return self.n // 2 if self.epilogue == "silu_mul" else self.n
+        """Columns of the stored output: a folding epilogue (SwiGLU) makes one of each column pair."""
+        return self.n // self.fold
 
 
 @dataclass(frozen=True)
@@ -96,8 +104,18 @@ class Chain:
 
 
 @dataclass(frozen=True)
+class SizeParam:
+    """One size of a workload, which the command line takes as ``--<name> LIST``."""
+
+    name: str
+    doc: str
+    multiple_of: int = 1  # e.g. 8 for a width read in 16-byte pieces of halves
+
+
+@dataclass(frozen=True)
 class Workload:
-    """A named family of chains; ``defaults`` holds the fixed sizes, ``sweep`` the swept one."""
+    """A named family of chains; ``defaults`` holds the fixed sizes, ``sweep`` the swept one, and
+    ``sizes`` says what each size means (the command line's size flags come from it)."""
 
     name: str
     description: str
@@ -105,6 +123,14 @@ class Workload:
     sweep: tuple[int, ...]
     defaults: Mapping[str, int]
     build: Callable[[Mapping[str, int]], tuple[GemmStage, ...]] = field(repr=False)
+    sizes: tuple[SizeParam, ...] = ()
+
+    def __post_init__(self) -> None:
+        if {p.name for p in self.sizes} != set(self.params):
+            raise ValueError(f"workload {self.name}: sizes must describe exactly {', '.join(self.params)}")
+
+    def size_param(self, name: str) -> SizeParam:
+        return next(p for p in self.sizes if p.name == name)
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -122,10 +148,10 @@ class Workload:
         for key, val in full.items():
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 raise WorkloadError(f"workload {self.name}: --{key} {val!r}: accepted: a positive integer")
-            # The model widths are the GEMMs' K, read in 16-byte pieces (8 halves) along each row.
-            if key in self.defaults and val % 8:
-                near = " or ".join(str(v) for v in (val // 8 * 8, val // 8 * 8 + 8) if v)
-                raise WorkloadError(f"workload {self.name}: --{key} {val}: accepted: a positive multiple of 8 "
+            mult = self.size_param(key).multiple_of
+            if val % mult:
+                near = " or ".join(str(v) for v in (val // mult * mult, val // mult * mult + mult) if v)
+                raise WorkloadError(f"workload {self.name}: --{key} {val}: accepted: a positive multiple of {mult} "
                                     f"(nearest: {near})")
         ordered = tuple((k, full[k]) for k in self.params)
         return Chain(self.name, ordered, self.build(full))
@@ -145,12 +171,26 @@ def _llama_mlp(p: Mapping[str, int]) -> tuple[GemmStage, ...]:
 
 _POW2_TOKENS = tuple(2 ** i for i in range(13))
 
+# The model widths are the GEMMs' K, read in 16-byte pieces (8 halves) along each row.
+_MLP_SIZES = (SizeParam("tokens", "token counts (the GEMMs' M)"), SizeParam("hidden", "model widths", 8),
+              SizeParam("ffn", "MLP widths (per GPU)", 8))
+
 WORKLOADS: dict[str, Workload] = {
     "gpt3": Workload("gpt3", "GPT-3 175B MLP, 8-way tensor parallel: GEMM1+GeLU then GEMM2, fp16",
-                     "tokens", _POW2_TOKENS, {"hidden": 12288, "ffn": 6144}, _gpt3_mlp),
+                     "tokens", _POW2_TOKENS, {"hidden": 12288, "ffn": 6144}, _gpt3_mlp, _MLP_SIZES),
     "llama": Workload("llama", "LLaMA-2 70B MLP, 8-way tensor parallel: gate/up GEMM+SiLU*gate then down GEMM, fp16",
-                      "tokens", _POW2_TOKENS, {"hidden": 8192, "ffn": 3584}, _llama_mlp),
+                      "tokens", _POW2_TOKENS, {"hidden": 8192, "ffn": 3584}, _llama_mlp, _MLP_SIZES),
 }
+
+
+def size_flags() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Every size any workload has: its meaning and the workloads that have it, in first-seen order."""
+    out: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for wl in WORKLOADS.values():
+        for p in wl.sizes:
+            doc, names = out.get(p.name, (p.doc, ()))
+            out[p.name] = (doc, (*names, wl.name))
+    return out
 
 
 def get_workload(name: str) -> Workload:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any, Iterator, Sequence
 
+from ..epilogues import get_epilogue
 from ..config import Config
 from ..render import Rendered, render
 from ..workloads import Chain
@@ -91,13 +92,7 @@ def reference(chain: Chain, x, ws) -> Any:
     cp = _cp()
     a = x.astype(cp.float32)
     for st, w in zip(chain.stages, ws):
-        c = a @ w.astype(cp.float32).T
-        if st.epilogue == "gelu":
-            c = 0.5 * c * (1.0 + cp.tanh(0.7978845608028654 * (c + 0.044715 * c ** 3)))
-        elif st.epilogue == "silu_mul":
-            g, u = c[:, 0::2], c[:, 1::2]
-            c = g / (1.0 + cp.exp(-g)) * u
-        a = c
+        a = get_epilogue(st.epilogue).reference(cp, a @ w.astype(cp.float32).T)
     return a
 
 
