@@ -90,3 +90,20 @@ def test_cubins_compiled_on_another_host_load_without_recompiling(tmp_path):
     hits = sum(tc.cache_stats.get(k, 0) - before.get(k, 0) for k in ("hits", "other_toolkit_hits"))
     assert tc.cache_stats.get("misses", 0) == before.get("misses", 0)
     print(f"carried cache: {hits} hits, 0 compiles; built by NVRTC {mod.toolkit}, here {tc.toolkit_version()}")
+
+
+@pytest.mark.parametrize("workload", ["gpt3", "llama"])
+def test_the_baselines_compute_the_chain_they_are_timed_as(backend, workload):
+    """Each epilogue's CuPy and PyTorch forms (tuner.epilogues) against the float32 reference."""
+    from tuner.backends.gpu import VERIFY_TOL, reference, rel_error
+    from tuner.baselines import cupy_chain, torch_chains
+
+    chain = get_workload(workload).chain(tokens=100, hidden=1032, ffn=776)
+    p = backend.problem(chain)
+    ref = reference(chain, p.xs[0], p.ws[0])
+    assert rel_error(cupy_chain(chain, p.xs[0], p.ws[0])(), ref) < VERIFY_TOL
+    eager = torch_chains(chain, p.xs[0], p.ws[0]).get("torch eager")
+    if eager is not None:
+        import cupy as cp
+
+        assert rel_error(cp.asarray(eager()), ref) < VERIFY_TOL

@@ -53,7 +53,10 @@ import numpy as np
 
 from .config import Config, StageGrid
 from .expr import Expr
-from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES, SyncPolicy, TileOrder, launch_allowed, order_env, pair_env
+from .stages import kind_of
+from .stages.gemm import first_read, producer_cols
+from .sync import (DISPATCHES, LAUNCHES, ORDERS, POLICIES, SyncPolicy, TileOrder, launch_allowed, order_env, pair_env,
+                   policy_for)
 from .workloads import Chain
 
 _NEVER = np.iinfo(np.int64).max
@@ -202,45 +205,7 @@ def check_order(grid: StageGrid, order: TileOrder) -> str | None:
 
 
 def _check_shapes(producer: StageGrid, consumer: StageGrid) -> str | None:
-    p, c = producer.stage, consumer.stage
-    if c.m != p.m or c.k != p.n_out:
-        return (f"{c.name} reads {p.name}'s {p.m}x{p.n_out} output as its {c.m}x{c.k} A operand: "
-                f"the identity index map needs equal shapes")
-    return None
-
-
-def producer_rows(producer: StageGrid, consumer: StageGrid, m2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """First and last producer tile row that writes rows of consumer tile row ``m2``."""
-    bm1, bm2, rows = producer.tiles.bm, consumer.tiles.bm, consumer.stage.m
-    lo = m2 * bm2
-    hi = np.minimum(lo + bm2, rows) - 1
-    return lo // bm1, hi // bm1
-
-
-def producer_cols(producer: StageGrid) -> tuple[np.ndarray, np.ndarray]:
-    """Stored output columns ``[lo, hi)`` each producer tile column writes.
-
-    A folding epilogue (SwiGLU) stores the pair of accumulator columns ``2c, 2c+1``
-    as column ``c``, so tile ``n1`` writes the columns whose accumulator pair starts
-    inside its ``BN`` columns.
-    """
-    st, bn = producer.stage, producer.tiles.bn
-    fold = st.fold
-    n1 = np.arange(producer.nt, dtype=np.int64)
-    acc_lo, acc_hi = n1 * bn, np.minimum((n1 + 1) * bn, st.n)
-    return -(-acc_lo // fold), -(-acc_hi // fold)
-
-
-def first_read(producer: StageGrid, consumer: StageGrid) -> np.ndarray:
-    """``[s, n1]``: the first chunk of split ``s`` that reads columns of producer tile column ``n1``, or never."""
-    bk, kc, ks = consumer.tiles.bk, consumer.kc, consumer.ks
-    lo, hi = producer_cols(producer)
-    k_first, k_last = lo // bk, (hi - 1) // bk
-    s = np.arange(consumer.tiles.split_k, dtype=np.int64)[:, None]
-    a, b = s * ks, np.minimum((s + 1) * ks, kc)
-    req = np.maximum(a, k_first[None, :])
-    ok = (hi > lo)[None, :] & (req <= np.minimum(b - 1, k_last[None, :]))
-    return np.where(ok, req, _NEVER)
+    return kind_of(consumer.stage).check_shapes(producer, consumer)
 
 
 # ---------------------------------------------------------------------------
@@ -286,6 +251,7 @@ class PairModel:
 @lru_cache(maxsize=64)
 def pair_model(producer: StageGrid, consumer: StageGrid, policy: SyncPolicy) -> PairModel:
     """Evaluate ``policy`` for every producer tile and every consumer (row, chunk, producer row)."""
+    policy = policy_for(policy, consumer)
     env = pair_env(producer, consumer)
     empty = np.zeros(0, dtype=np.int64)
 
@@ -349,7 +315,7 @@ def pair_model(producer: StageGrid, consumer: StageGrid, policy: SyncPolicy) -> 
 def check_soundness(producer: StageGrid, consumer: StageGrid, policy: SyncPolicy) -> str | None:
     """Whether every chunk a consumer block loads is covered by the waits it issued up to that chunk.
 
-    The tiles a chunk reads come from the identity index map and the producer's tiling;
+    The tiles a chunk reads come from the consumer kind's index map and the producer's tiling;
     a wait covers a tile only if it waits for exactly the number of tiles posting to
     its semaphore. Blocks of one tile row and split issue the same waits (the formulas
     do not read ``n2``), so the message names column ``n=0`` for all of them.
@@ -370,20 +336,12 @@ def check_soundness(producer: StageGrid, consumer: StageGrid, policy: SyncPolicy
     keys, first = np.unique(cov_key, return_index=True)  # waits are in chunk order: first index = earliest
     cov_at = cov_kc[first]
 
-    # When each producer tile is first read by each (consumer row, split).
-    req = first_read(producer, consumer)  # [s, n1]
-    s_idx, n1_idx = np.nonzero(req != _NEVER)
-    m2 = np.arange(consumer.mt, dtype=np.int64)
-    r_lo, r_hi = producer_rows(producer, consumer, m2)
-    rows = int((r_hi - r_lo).max(initial=0)) + 1
+    # When each producer tile is first read by each (consumer row, split), from the index map.
+    per_row = kind_of(consumer.stage).reads(producer, consumer)
     misses: list[tuple[int, int, int, int, int]] = []  # (m2, s, kc, m1, n1) of reads not covered in time
-    for d in range(rows):
-        m1 = r_lo + d
-        live = np.flatnonzero(m1 <= r_hi)
-        mm, jj = np.meshgrid(live, np.arange(s_idx.size), indexing="ij")
-        mm, jj = mm.ravel(), jj.ravel()
-        m2v, m1v, sv, n1v = mm, m1[mm], s_idx[jj], n1_idx[jj]
-        kreq = req[sv, n1v]
+    if per_row:
+        m2v = np.concatenate([np.full(r[0].size, i, dtype=np.int64) for i, r in enumerate(per_row)])
+        sv, m1v, n1v, kreq = (np.concatenate([r[j] for r in per_row]) for j in range(4))
         key = (m2v * splits + sv) * sems + model.post[m1v, n1v]
         covered = np.full(key.shape, _NEVER)
         if keys.size:
@@ -392,7 +350,7 @@ def check_soundness(producer: StageGrid, consumer: StageGrid, policy: SyncPolicy
             covered[found] = cov_at[pos[found]]
         bad = np.flatnonzero(covered > kreq)
         if bad.size:
-            j = bad[np.lexsort((n1v[bad], kreq[bad], sv[bad], m2v[bad]))[0]]
+            j = bad[np.lexsort((n1v[bad], m1v[bad], kreq[bad], sv[bad], m2v[bad]))[0]]
             misses.append((int(m2v[j]), int(sv[j]), int(kreq[j]), int(m1v[j]), int(n1v[j])))
     if misses:
         m2_, s_, kc_, m1_, n1_ = min(misses)
@@ -403,13 +361,14 @@ def check_soundness(producer: StageGrid, consumer: StageGrid, policy: SyncPolicy
 def _unsound(model: PairModel, policy: SyncPolicy, m2: int, s: int, kc: int, m1: int, n1: int) -> str:
     # Explain one uncovered read, re-evaluating the formulas one value at a time with Expr.
     prod, cons = model.producer, model.consumer
+    policy = policy_for(policy, cons)
     env = pair_env(prod, cons)
     sem = policy.post_sem({**env, "m1": m1, "n1": n1})
     need = int(model.posts[sem])
     lo, hi = producer_cols(prod)
-    where = (f"{_tile(cons, m2, 0, s)} chunk {kc} (columns {kc * cons.tiles.bk}.."
-             f"{min((kc + 1) * cons.tiles.bk, cons.stage.k) - 1}) reads {_tile(prod, m1, n1)} "
-             f"(columns {lo[n1]}..{hi[n1] - 1}), which posts to semaphore {sem}")
+    where = (f"{_tile(cons, m2, 0, s)} chunk {kc} ({kind_of(cons.stage).chunk_columns(cons, kc)}) reads "
+             f"{_tile(prod, m1, n1)} (rows {m1 * prod.tiles.bm}..{min((m1 + 1) * prod.tiles.bm, prod.stage.m) - 1}, "
+             f"columns {lo[n1]}..{hi[n1] - 1}), which posts to semaphore {sem}")
     waits = []
     for k in cons.split_chunks(s):
         wenv = {**env, "m2": m2, "kc": k, "first": int(k == cons.split_chunks(s).start)}
@@ -535,8 +494,7 @@ def _layout_of(grids: tuple[StageGrid, ...], policy: SyncPolicy | None, order: T
                 tile_post[tile_base[p] + m1 * grids[p].nt + n1].append(sem_base + int(sem))
             class_base[c] = len(waits)
             splits = grids[c].tiles.split_k
-            first = first_read(grids[p], grids[c])  # [s, n1]
-            r_lo, r_hi = producer_rows(grids[p], grids[c], np.arange(grids[c].mt))
+            per_row = kind_of(grids[c].stage).reads(grids[p], grids[c])
             for k, lst in enumerate(model.classes()):
                 m2, s2 = divmod(k, splits)
                 waits.append([(sem_base + s, v, kc, r) for s, v, kc, r in lst])
@@ -544,11 +502,10 @@ def _layout_of(grids: tuple[StageGrid, ...], policy: SyncPolicy | None, order: T
                 # Split the tiles this class reads by the wait that must pass before the first read.
                 bounds = [kc for _, _, kc, _ in lst]
                 segs: list[list[tuple[int, int]]] = [[] for _ in range(len(lst) + 1)]
-                for n1 in np.flatnonzero(first[s2] != _NEVER).tolist():
-                    kc = int(first[s2, n1])
-                    seg = bisect_right(bounds, kc)
-                    for m1 in range(int(r_lo[m2]), int(r_hi[m2]) + 1):
-                        segs[seg].append((tile_base[p] + m1 * grids[p].nt + n1, kc))
+                sv, m1v, n1v, kcv = per_row[m2]
+                mine = np.flatnonzero(sv == s2)
+                for m1, n1, kc in zip(m1v[mine].tolist(), n1v[mine].tolist(), kcv[mine].tolist()):
+                    segs[bisect_right(bounds, kc)].append((tile_base[p] + m1 * grids[p].nt + n1, kc))
                 reads.append([tuple(x) for x in segs])
     for i, g in enumerate(grids):
         m, n, s = (a.tolist() for a in tile_order(g, order))

@@ -94,6 +94,18 @@ class Expr:
         """The formula as a C expression (all operands are non-negative, so // is C's /)."""
         return _to_c(self._tree)
 
+    def substitute(self, names: Mapping[str, "Expr"]) -> "Expr":
+        """This formula with each variable of ``names`` replaced by its formula (as a whole)."""
+        if not self.names & names.keys():
+            return self
+
+        class _Sub(ast.NodeTransformer):
+            def visit_Name(self, node: ast.Name) -> ast.AST:
+                return names[node.id]._tree.body if node.id in names else node
+
+        tree = ast.fix_missing_locations(_Sub().visit(ast.parse(self.text, mode="eval")))
+        return Expr(ast.unparse(tree))
+
     def __call__(self, env: Mapping[str, int]) -> int:
         missing = self.names - env.keys()
         if missing:

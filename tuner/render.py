@@ -18,7 +18,7 @@ from .backends.base import DeviceInfo
 from .config import Config, StageGrid, StageTiles
 from .epilogues import get_epilogue
 from .paths import templates_dir
-from .sync import ORDERS, POLICIES, order_env, pair_env
+from .sync import ORDERS, POLICIES, order_env, pair_env, policy_for
 from .workloads import Chain
 
 HEADERS = ("sync.cuh", "gemm.cuh")
@@ -186,6 +186,7 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
         stages.append(entry)
     if policy is not None:
         for i in range(1, len(grids)):
+            policy = policy_for(POLICIES[config.policy], grids[i])
             env = pair_env(grids[i - 1], grids[i])
             base = words.take(policy.sems(env))
             stages[i - 1]["post"] = dict(env=env, sem_base=base, sem=policy.post_sem.c,

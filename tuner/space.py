@@ -29,7 +29,8 @@ from . import UsageError
 from .backends.base import DeviceInfo
 from .config import GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
 from .expr import Expr
-from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, grid_env, launch_allowed, pair_env
+from .sync import (DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, grid_env, launch_allowed, pair_env,
+                   policy_for)
 from .tomlfile import did_you_mean, read_toml
 from .workloads import Chain
 
@@ -316,6 +317,7 @@ def policy_requires(policy: str, producer: StageGrid, consumer: StageGrid) -> st
     pol = POLICIES[policy]
     if pol is None:
         return None
+    pol = policy_for(pol, consumer)
     env = pair_env(producer, consumer)
     if pol.requires(env):
         return None

@@ -8,12 +8,20 @@ producer stage (``1``): ``m1``, ``n1`` (its tile), ``BM1``, ``BN1``, ``MT1``, ``
 consumer stage (``2``): ``m2`` (its tile), ``kc`` (the K chunk about to be loaded,
 counted over the whole reduction), ``first`` (1 on a split's first chunk),
 ``BM2``, ``BK2``, ``MT2``; ``r`` is the producer tile row a wait loop visits.
+
+Which producer elements a consumer's chunk reads depends on the consumer's stage kind, so a
+policy reads it through the names of the kind's **index map** (``INDEX_MAP_NAMES``): the
+first and last producer output row that consumer tile row ``m2`` reads at chunk ``kc``
+(``A_ROW_LO``, ``A_ROW_HI``) and the producer output column where that chunk starts
+(``A_COL``). :meth:`SyncPolicy.bind` puts the kind's formulas in their place
+(:mod:`tuner.stages`), so one policy serves a GEMM and a convolution alike.
 Tile orders read ``t`` (ticket), ``MT``, ``NT``, ``S`` (split count), ``CM``, ``CN`` (cluster shape).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, fields, replace
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .expr import Expr
 
@@ -44,9 +52,18 @@ class SyncPolicy:
     requires: Expr  # a hard constraint this policy puts on the tiling (1 = fine)
     requires_doc: str = ""
 
+    def bind(self, index_map: Mapping[str, Expr]) -> "SyncPolicy":
+        """The policy with the index map's names (``A_ROW_LO``...) replaced by a stage kind's formulas."""
+        exprs = {f.name: getattr(self, f.name).substitute(index_map) for f in fields(self)
+                 if isinstance(getattr(self, f.name), Expr)}
+        return replace(self, **exprs)
 
-_ROW_LO = Expr("(m2 * BM2) // BM1")
-_ROW_HI = Expr("min((m2 * BM2 + BM2 - 1) // BM1, MT1 - 1)")
+
+INDEX_MAP_NAMES = ("A_ROW_LO", "A_ROW_HI", "A_COL")
+
+
+_ROW_LO = Expr("A_ROW_LO // BM1")
+_ROW_HI = Expr("min(A_ROW_HI // BM1, MT1 - 1)")
 
 POLICIES: dict[str, SyncPolicy | None] = {
     # Baseline: separate kernels in stream order, no semaphores at all.
@@ -54,9 +71,9 @@ POLICIES: dict[str, SyncPolicy | None] = {
     "tile": SyncPolicy(
         "tile", "wait, inside the K loop, for exactly the producer tiles that cover the next K chunk",
         sems=Expr("MT1 * NT1"), post_sem=Expr("m1 * NT1 + n1"),
-        wait_when=Expr("first or (kc * BK2) % BN1 == 0"),
+        wait_when=Expr("first or A_COL % BN1 == 0"),
         wait_row_lo=_ROW_LO, wait_row_hi=_ROW_HI,
-        wait_sem=Expr("r * NT1 + (kc * BK2) // BN1"), wait_count=Expr("1"),
+        wait_sem=Expr("r * NT1 + A_COL // BN1"), wait_count=Expr("1"),
         requires=Expr("BN1 % BK2 == 0"), requires_doc="the producer's BN must be a multiple of the consumer's BK"),
     "row": SyncPolicy(
         "row", "wait once, before the first K chunk, for every producer tile of the rows read",
@@ -137,9 +154,23 @@ def grid_env(grid: "StageGrid", idx: str) -> dict[str, int]:
     The one builder of that environment: the search space's constraints, the kernel renderer
     and the model checker all read it, so they cannot disagree about a name.
     """
+    from .stages import kind_of  # noqa: PLC0415 - the kinds import this module's Expr users
+
     st, t = grid.stage, grid.tiles
     return {f"BM{idx}": t.bm, f"BN{idx}": t.bn // st.fold, f"BK{idx}": t.bk, f"MT{idx}": grid.mt, f"NT{idx}": grid.nt,
-            f"KC{idx}": grid.kc, f"S{idx}": t.split_k}
+            f"KC{idx}": grid.kc, f"S{idx}": t.split_k, **kind_of(st).env(st, idx)}
+
+
+def policy_for(policy: SyncPolicy, consumer: "StageGrid") -> SyncPolicy:
+    """``policy`` bound to the index map of the consumer's stage kind (see :meth:`SyncPolicy.bind`)."""
+    from .stages import kind_of  # noqa: PLC0415
+
+    return _bound(policy, consumer.stage.kind, kind_of(consumer.stage))
+
+
+@lru_cache(maxsize=64)
+def _bound(policy: SyncPolicy, kind: str, module: Any) -> SyncPolicy:
+    return policy.bind(module.INDEX_MAP)
 
 
 def pair_env(producer: "StageGrid", consumer: "StageGrid") -> dict[str, int]:

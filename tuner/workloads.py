@@ -11,56 +11,14 @@ by hand.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
-from .epilogues import EPILOGUES
+from .stages import WorkloadError
+from .stages import Stage
+from .stages.gemm import GemmStage
 
 DTYPES = ("fp16",)
-
-
-class WorkloadError(ValueError):
-    """A workload name or size the user gave is not usable."""
-
-
-@dataclass(frozen=True)
-class GemmStage:
-    """One GEMM of a chain, at a concrete size."""
-
-    name: str
-    m: int
-    n: int
-    k: int
-    epilogue: str = "none"
-    a_from: int | None = None  # index of the producer stage, or None for an external input
-
-    def __post_init__(self) -> None:
-        if min(self.m, self.n, self.k) < 1:
-            raise WorkloadError(f"stage {self.name}: sizes must be positive, got M={self.m} N={self.n} K={self.k}")
-        if self.k % 8:
-            # 16-byte cp.async chunks along K need K to be a multiple of 8 halves.
-            raise WorkloadError(f"stage {self.name}: K={self.k} must be a multiple of 8")
-        if self.epilogue not in EPILOGUES:
-            raise WorkloadError(f"stage {self.name}: unknown epilogue {self.epilogue!r}; accepted: {', '.join(EPILOGUES)}")
-        fold = EPILOGUES[self.epilogue].fold
-        if self.n % fold:
-            raise WorkloadError(f"stage {self.name}: the {self.epilogue} epilogue folds {fold} accumulator columns "
-                                f"into one, so N must be a multiple of {fold}, got {self.n}")
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.m * self.n * self.k
-
-    @property
-    def fold(self) -> int:
-        """Accumulator columns per stored column (see :mod:`tuner.epilogues`)."""
-        return EPILOGUES[self.epilogue].fold
-
-    @property
-    def n_out(self) -> int:
-        """Columns of the stored output: a folding epilogue (SwiGLU) makes one of each column pair."""
-        return self.n // self.fold
-
 
 @dataclass(frozen=True)
 class Chain:
@@ -68,7 +26,7 @@ class Chain:
 
     workload: str
     size: tuple[tuple[str, int], ...]
-    stages: tuple[GemmStage, ...]
+    stages: tuple[Stage, ...]
     dtype: str = "fp16"
 
     @property
@@ -87,20 +45,13 @@ class Chain:
     def alone(self, j: int) -> "Chain":
         """Stage ``j`` as a chain of its own (its A operand an external input), to time it alone."""
         st = self.stages[j]
-        return Chain(f"{self.workload}.{st.name}", self.size,
-                     (GemmStage(st.name, st.m, st.n, st.k, st.epilogue),), self.dtype)
+        return Chain(f"{self.workload}.{st.name}", self.size, (replace(st, a_from=None),), self.dtype)
 
     @property
     def min_bytes(self) -> int:
         """Fewest bytes the chain must move: external inputs, weights and final output once."""
-        elem = 2
-        total = 0
-        for s in self.stages:
-            total += s.n * s.k * elem  # weights
-            if s.a_from is None:
-                total += s.m * s.k * elem
-        last = self.stages[-1]
-        return total + last.m * last.n_out * elem
+        total = sum(s.weight_bytes + (s.input_bytes if s.a_from is None else 0) for s in self.stages)
+        return total + self.stages[-1].output_bytes
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,152 @@
+"""The GEMM stage kind: ``C[M,N] = epilogue(A[M,K] @ B[N,K]^T)``, B (the weights) stored N-major
+with K contiguous, like ``nn.Linear``.
+
+Index map: a GEMM that reads an earlier stage's output as its A operand reads it as is:
+element ``A[r, c]`` is element ``C[r, c]`` of the producer. So consumer tile row ``m2`` reads
+producer rows ``m2*BM2 .. m2*BM2+BM2-1`` at every chunk, and chunk ``kc`` the columns
+``kc*BK2 ..``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from ..epilogues import EPILOGUES
+from ..expr import Expr
+from .base import WorkloadError
+
+if TYPE_CHECKING:
+    from ..config import StageGrid
+
+NEVER = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class GemmStage:
+    """One GEMM of a chain, at a concrete size: ``C[M,N] = epilogue(A[M,K] @ B[N,K]^T)``."""
+
+    kind: ClassVar[str] = "gemm"
+    name: str
+    m: int
+    n: int
+    k: int
+    epilogue: str = "none"
+    a_from: int | None = None  # index of the producer stage, or None for an external input
+
+    def __post_init__(self) -> None:
+        if min(self.m, self.n, self.k) < 1:
+            raise WorkloadError(f"stage {self.name}: sizes must be positive, got M={self.m} N={self.n} K={self.k}")
+        if self.k % 8:
+            # 16-byte cp.async chunks along K need K to be a multiple of 8 halves.
+            raise WorkloadError(f"stage {self.name}: K={self.k} must be a multiple of 8")
+        if self.epilogue not in EPILOGUES:
+            raise WorkloadError(f"stage {self.name}: unknown epilogue {self.epilogue!r}; accepted: {', '.join(EPILOGUES)}")
+        fold = EPILOGUES[self.epilogue].fold
+        if self.n % fold:
+            raise WorkloadError(f"stage {self.name}: the {self.epilogue} epilogue folds {fold} accumulator columns "
+                                f"into one, so N must be a multiple of {fold}, got {self.n}")
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.n * self.k * 2
+
+    @property
+    def input_bytes(self) -> int:
+        """The A operand read once."""
+        return self.m * self.k * 2
+
+    @property
+    def output_bytes(self) -> int:
+        return self.m * self.n_out * 2
+
+    @property
+    def fold(self) -> int:
+        """Accumulator columns per stored column (see :mod:`tuner.epilogues`)."""
+        return EPILOGUES[self.epilogue].fold
+
+    @property
+    def n_out(self) -> int:
+        """Columns of the stored output: a folding epilogue (SwiGLU) makes one of each column pair."""
+        return self.n // self.fold
+
+
+# The index map as formulas in the consumer's names (see tuner.sync.INDEX_MAP_NAMES).
+INDEX_MAP: dict[str, Expr] = {"A_ROW_LO": Expr("m2 * BM2"), "A_ROW_HI": Expr("m2 * BM2 + BM2 - 1"),
+                              "A_COL": Expr("kc * BK2")}
+
+
+def env(stage: GemmStage, idx: str) -> dict[str, int]:
+    """Constants the kind's formulas read besides the tiling's (none for a GEMM)."""
+    return {}
+
+
+def a_view(stage: GemmStage) -> str:
+    """The C++ view of the A operand that the kernel's loads go through (``A`` is its pointer)."""
+    return f"RowMajor av{{A, {stage.k}}}"
+
+
+def reference(xp, a, w):
+    """float32 ``a @ w.T`` before the epilogue, for arrays of module ``xp`` (numpy or cupy)."""
+    return a @ w.T
+
+
+def check_shapes(producer: "StageGrid", consumer: "StageGrid") -> str | None:
+    """Why the consumer cannot read the producer's output as its A operand, or None."""
+    p, c = producer.stage, consumer.stage
+    if c.m != p.m or c.k != p.n_out:
+        return (f"{c.name} reads {p.name}'s {p.m}x{p.n_out} output as its {c.m}x{c.k} A operand: "
+                f"the identity index map needs equal shapes")
+    return None
+
+
+def producer_cols(producer: "StageGrid") -> tuple[np.ndarray, np.ndarray]:
+    """Stored output columns ``[lo, hi)`` each producer tile column writes.
+
+    A folding epilogue (SwiGLU) stores the pair of accumulator columns ``2c, 2c+1`` as column
+    ``c``, so tile ``n1`` writes the columns whose accumulator pair starts inside its ``BN``
+    columns.
+    """
+    st, bn = producer.stage, producer.tiles.bn
+    fold = st.fold
+    n1 = np.arange(producer.nt, dtype=np.int64)
+    acc_lo, acc_hi = n1 * bn, np.minimum((n1 + 1) * bn, st.n)
+    return -(-acc_lo // fold), -(-acc_hi // fold)
+
+
+def first_read(producer: "StageGrid", consumer: "StageGrid") -> np.ndarray:
+    """``[s, n1]``: the first chunk of split ``s`` that reads columns of producer tile column ``n1``, or NEVER."""
+    bk, kc, ks = consumer.tiles.bk, consumer.kc, consumer.ks
+    lo, hi = producer_cols(producer)
+    k_first, k_last = lo // bk, (hi - 1) // bk
+    s = np.arange(consumer.tiles.split_k, dtype=np.int64)[:, None]
+    a, b = s * ks, np.minimum((s + 1) * ks, kc)
+    req = np.maximum(a, k_first[None, :])
+    ok = (hi > lo)[None, :] & (req <= np.minimum(b - 1, k_last[None, :]))
+    return np.where(ok, req, NEVER)
+
+
+def reads(producer: "StageGrid", consumer: "StageGrid") -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """The true dependencies, from the index map: per consumer tile row ``m2``, arrays
+    ``(s, m1, n1, kc)``: split ``s`` of that row first reads producer tile ``(m1, n1)`` at chunk ``kc``."""
+    first = first_read(producer, consumer)  # rows and columns are independent under the identity map
+    s_idx, n1_idx = np.nonzero(first != NEVER)
+    kcs = first[s_idx, n1_idx]
+    bm1, bm2, rows = producer.tiles.bm, consumer.tiles.bm, consumer.stage.m
+    out = []
+    for m2 in range(consumer.mt):
+        lo, hi = m2 * bm2 // bm1, (min(m2 * bm2 + bm2, rows) - 1) // bm1
+        m1 = np.repeat(np.arange(lo, hi + 1, dtype=np.int64), s_idx.size)
+        k = hi - lo + 1
+        out.append((np.tile(s_idx, k), m1, np.tile(n1_idx, k), np.tile(kcs, k)))
+    return out
+
+
+def chunk_columns(consumer: "StageGrid", kc: int) -> str:
+    """Which A columns chunk ``kc`` loads, for messages."""
+    return f"columns {kc * consumer.tiles.bk}..{min((kc + 1) * consumer.tiles.bk, consumer.stage.k) - 1}"
