@@ -70,27 +70,45 @@ struct Tile {
   __device__ static int warp_col0() { return (threadIdx.x / 32 % WN) * WTN; }
 };
 
-// Copy a BROWS x BK slab of a K-contiguous matrix (rows r0.., columns k0..) into shared memory.
-template <class T, int BROWS>
-__device__ __forceinline__ void load_slab(half_t* s, const half_t* g, int rows, int K, int r0, int k0) {
+// An operand as the loads see it: `at(row, k, ok)` is where the 8 halves at (row, k..k+7) live,
+// with ok false where they read as zeros. A K-contiguous matrix is the GEMM's view; a stage kind
+// with another index map (an implicit-GEMM convolution) brings its own.
+struct RowMajor {
+  const half_t* p;
+  int K;
+  __device__ __forceinline__ const half_t* at(int r, int k, bool& ok) const {
+    ok = k < K;
+    return ok ? p + (size_t)r * K + k : p;
+  }
+};
+__device__ __forceinline__ RowMajor operand(const half_t* p, int K) { return RowMajor{p, K}; }
+template <class V>
+__device__ __forceinline__ const V& operand(const V& v, int) { return v; }
+
+// Copy a BROWS x BK slab of an operand (rows r0.., columns k0..) into shared memory.
+template <class T, int BROWS, class V>
+__device__ __forceinline__ void load_slab(half_t* s, const V& v, int rows, int r0, int k0) {
   for (int i = threadIdx.x; i < BROWS * T::CPR; i += T::THREADS) {
     const int r = i / T::CPR, c = (i % T::CPR) * 8;
     const int gr = r0 + r, gk = k0 + c;
     // A row past the edge only feeds outputs that are never stored, so it is not loaded at all;
     // a chunk past K must read as zeros because it meets valid rows of the other operand.
     if (gr >= rows) continue;
-    const bool ok = gk < K;
-    cp_async16(s + r * T::LDS + c, ok ? (const void*)(g + (size_t)gr * K + gk) : (const void*)g, ok);
+    bool ok;
+    const half_t* src = v.at(gr, gk, ok);
+    cp_async16(s + r * T::LDS + c, src, ok);
   }
 }
 
 // Accumulate chunks [kc_begin, kc_end) of the reduction into acc. Before the A operand of
 // chunk kc is copied, `wait(kc, first)` runs in every thread (it may block on producer tiles);
 // the B operand (weights) of that chunk is already in flight by then.
-template <class T, class Wait>
-__device__ __forceinline__ void mainloop(float (&acc)[T::MI][T::NI][4], const half_t* __restrict__ A,
+template <class T, class AOp, class Wait>
+__device__ __forceinline__ void mainloop(float (&acc)[T::MI][T::NI][4], const AOp& A_,
                                          const half_t* __restrict__ B, int M, int N, int K, int m0, int n0,
                                          int kc_begin, int kc_end, half_t* smem, Wait wait) {
+  const auto A = operand(A_, K);
+  const RowMajor Bv{B, K};
   half_t* sA = smem;
   half_t* sB = smem + T::STAGES * T::A_ELEMS;
   const int lane = threadIdx.x % 32;
@@ -107,9 +125,9 @@ __device__ __forceinline__ void mainloop(float (&acc)[T::MI][T::NI][4], const ha
   auto issue = [&](int it) {
     if (it < nk) {
       const int kc = kc_begin + it, slot = it % T::STAGES;
-      load_slab<T, T::BN>(sB + slot * T::B_ELEMS, B, N, K, n0, kc * T::BK);
+      load_slab<T, T::BN>(sB + slot * T::B_ELEMS, Bv, N, n0, kc * T::BK);
       wait(kc, it == 0);
-      load_slab<T, T::BM>(sA + slot * T::A_ELEMS, A, M, K, m0, kc * T::BK);
+      load_slab<T, T::BM>(sA + slot * T::A_ELEMS, A, M, m0, kc * T::BK);
     }
     cp_async_commit();  // an empty group past the end keeps the wait_group count uniform
   };

@@ -44,25 +44,28 @@ struct TileWG {
 };
 
 // Copy a BROWS x BK slab of a K-contiguous matrix into swizzled atoms (see above).
-template <class T, int BROWS>
-__device__ __forceinline__ void load_slab_sw(unsigned char* s, const half_t* g, int rows, int K, int r0, int k0) {
+template <class T, int BROWS, class V>
+__device__ __forceinline__ void load_slab_sw(unsigned char* s, const V& v, int rows, int r0, int k0) {
   constexpr int CPR = T::BK / 8;  // 16-byte chunks per row
   for (int i = threadIdx.x; i < BROWS * CPR; i += T::THREADS) {
     const int r = i / CPR, c = i % CPR;
     const int gr = r0 + r, gk = k0 + c * 8;
     if (gr >= rows) continue;  // feeds only outputs that are never stored
-    const bool ok = gk < K;
+    bool ok;
+    const half_t* src = v.at(gr, gk, ok);
     unsigned char* dst = s + (c / 8) * (BROWS * 128) + r * 128 + (((c % 8) ^ (r % 8)) * 16);
-    cp_async16(dst, ok ? (const void*)(g + (size_t)gr * K + gk) : (const void*)g, ok);
+    cp_async16(dst, src, ok);
   }
 }
 
 // Same contract as mainloop() in gemm.cuh. The ring prefetches STAGES-2 chunks ahead, so
 // the slot being refilled was read by MMAs two iterations back, which wgmma_wait<1> retired.
-template <class T, class Wait>
-__device__ __forceinline__ void mainloop_wg(float (&acc)[T::MI][T::NI][4], const half_t* __restrict__ A,
+template <class T, class AOp, class Wait>
+__device__ __forceinline__ void mainloop_wg(float (&acc)[T::MI][T::NI][4], const AOp& A_,
                                             const half_t* __restrict__ B, int M, int N, int K, int m0, int n0,
                                             int kc_begin, int kc_end, half_t* smem_in, Wait wait) {
+  const auto A = operand(A_, K);
+  const RowMajor Bv{B, K};
   unsigned char* smem = reinterpret_cast<unsigned char*>(((size_t)smem_in + 1023) & ~(size_t)1023);
   unsigned char* sA = smem;
   unsigned char* sB = smem + T::STAGES * T::A_BYTES;
@@ -78,9 +81,9 @@ __device__ __forceinline__ void mainloop_wg(float (&acc)[T::MI][T::NI][4], const
   auto issue = [&](int it) {
     if (it < nk) {
       const int kc = kc_begin + it, slot = it % T::STAGES;
-      load_slab_sw<T, T::BN>(sB + slot * T::B_BYTES, B, N, K, n0, kc * T::BK);
+      load_slab_sw<T, T::BN>(sB + slot * T::B_BYTES, Bv, N, n0, kc * T::BK);
       wait(kc, it == 0);
-      load_slab_sw<T, T::BM>(sA + slot * T::A_BYTES, A, M, K, m0, kc * T::BK);
+      load_slab_sw<T, T::BM>(sA + slot * T::A_BYTES, A, M, m0, kc * T::BK);
     }
     cp_async_commit();
   };
