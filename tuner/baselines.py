@@ -14,6 +14,7 @@ from statistics import median
 from typing import Any, Callable
 
 from .epilogues import get_epilogue
+from .stages import kind_of
 from .workloads import Chain
 
 _READ_SRC = r"""
@@ -77,12 +78,12 @@ def cupy_chain(chain: Chain, x, ws) -> Callable[[], Any]:
     """The chain as a CuPy user writes it."""
     import cupy as cp
 
-    epis = [get_epilogue(st.epilogue) for st in chain.stages]
+    steps = [(kind_of(st), st, get_epilogue(st.epilogue)) for st in chain.stages]
 
     def run():
         a = x
-        for e, w in zip(epis, ws):
-            a = e.cupy(cp, a @ w.T)
+        for (kind, st, e), w in zip(steps, ws):
+            a = e.cupy(cp, kind.cupy_stage(cp, a, w, st))
         return a
 
     return run
@@ -98,19 +99,23 @@ def torch_chains(chain: Chain, x, ws) -> dict[str, Callable[[], Any]]:
     except Exception:
         return {}
     F = torch.nn.functional
-    epis = [get_epilogue(st.epilogue) for st in chain.stages]
-    tx = torch.as_tensor(x, device="cuda")
-    tw = [e.torch_weight(torch.as_tensor(w, device="cuda")) for e, w in zip(epis, ws)]
+    stages = chain.stages
+    kinds = [kind_of(st) for st in stages]
+    epis = [get_epilogue(st.epilogue) for st in stages]
+    tx = kinds[0].torch_input(torch, torch.as_tensor(x, device="cuda"), stages[0])
+    tw = [e.torch_weight(k.torch_weight(torch, torch.as_tensor(w, device="cuda"), st))
+          for k, st, e, w in zip(kinds, stages, epis, ws)]
 
     def eager():
         h = tx
-        for e, w in zip(epis, tw):
-            h = e.torch(F, F.linear(h, w))
-        return h
+        for k, e, w in zip(kinds, epis, tw):
+            h = e.torch(F, k.torch_stage(F, h, w))
+        return kinds[-1].torch_output(h, stages[-1])
 
     variants: dict[str, Callable[[], Any]] = {"torch eager": eager, "torch graph": eager}
-    fused = [e.name for e in epis if e.torch_fused is not None]
-    if fused:
+    # cuBLASLt's built-in epilogues are GEMM epilogues.
+    fused = [e.name for st, e in zip(stages, epis) if e.torch_fused is not None and st.kind == "gemm"]
+    if fused and all(st.kind == "gemm" for st in stages):
         steps = [e.torch_fused(torch, w) if e.torch_fused is not None
                  else (lambda h, e=e, w=w: e.torch(F, torch.mm(h, w.t()))) for e, w in zip(epis, tw)]
 

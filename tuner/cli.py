@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("export", "write the best configs per device and size", _cmd_export)
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
     p.add_argument("-o", "--output", type=Path, metavar="PATH", help="default: tuned/<workload>.json (or .h)")
-    p.add_argument("--format", choices=FORMATS, default="json", help="json or a C++ header")
+    p.add_argument("--format", choices=FORMATS, default="json",
+                   help="json or a C++ header (best configs), or a recording (every measurement, for --backend replay)")
 
     p = command("show", "summarize the stored studies of a workload", _cmd_show)
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
@@ -261,7 +262,7 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
                 mine = sorted((lb for lb in recorded if lb.startswith(f"{wl.name}/")), key=_size_key)
                 raise UsageError(f"the recordings hold no size of this sweep; recorded {wl.name} sizes: "
                                  f"{shortlist(lb.split('/', 1)[1] for lb in mine) or 'none'}; "
-                                 "accepted: those sizes (e.g. --tokens), or a GPU")
+                                 f"accepted: those sizes (--{wl.sweep_param} ...), or a GPU")
             chains = runnable
         warm_file = None if args.no_warm_start else (args.warm_start or home() / "studies" / f"{wl.name}.bench.json")
         if args.warm_start is not None and not args.no_warm_start and not args.warm_start.is_file():
@@ -326,7 +327,7 @@ def _cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
     from .export import export  # noqa: PLC0415
 
     wl = get_workload(args.workload)
-    path = export(args.storage, wl.name, args.output, args.format)
+    path = export(args.storage, wl.name, args.output, args.format, command="python -m tuner " + shlex.join(argv))
     print(f"wrote {path}")
     return 0
 

@@ -1,4 +1,5 @@
-"""Export the best configs of a workload's studies, per device and size, as JSON or a C++ header.
+"""Export the best configs of a workload's studies, per device and size, as JSON or a C++ header;
+or every measurement of them as a recording that the replay backend reads.
 
 The output depends only on the stored trials: keys are sorted, rows are in a
 fixed order and nothing records when it was written, so two identical studies
@@ -18,7 +19,7 @@ from .study import summarize
 from .workloads import get_workload
 
 SCHEMA_VERSION = 1
-FORMATS = ("json", "header")
+FORMATS = ("json", "header", "recording")
 
 
 def collect(storage: str, workload: str) -> list[dict[str, Any]]:
@@ -141,13 +142,57 @@ def to_header(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def export(storage: str, workload: str, out: str | Path | None = None, fmt: str = "json") -> Path:
-    """Write the export of ``workload``; the default path is ``tuned/<workload>.json`` (or ``.h``)."""
+def recording(storage: str, workload: str, command: str) -> str:
+    """Every measured (not replayed) outcome of ``workload``'s studies, stages timed alone included,
+    as the text of a recording (see :func:`tuner.backends.replay.write_recording`)."""
+    import optuna  # noqa: PLC0415
+
+    from .backends.base import DeviceInfo  # noqa: PLC0415
+    from .backends.replay import recording_text  # noqa: PLC0415
+    from .store import MeasurementStore  # noqa: PLC0415
+
+    wl = get_workload(workload)
+    check_exists(storage)
+    rdb = open_optuna_storage(storage)
+    devices: dict[str, dict[str, Any]] = {}
+    labels: set[str] = set()
+    for s in optuna.get_all_study_summaries(rdb, include_best_trial=False):
+        attrs = s.user_attrs
+        if attrs.get("workload") != wl.name or attrs.get("replayed"):
+            continue
+        chain = wl.chain(**attrs["size"])
+        labels |= {chain.label, *(chain.alone(j).label for j in range(len(chain.stages)))}
+        for t in optuna.load_study(study_name=s.study_name, storage=rdb).get_trials(deepcopy=False):
+            if isinstance(t.user_attrs.get("device"), dict):
+                devices.setdefault(t.user_attrs["device"]["name"], t.user_attrs["device"])
+                break
+    if len(devices) != 1:
+        found = ", ".join(sorted(devices)) or "none"
+        raise UsageError(f"a recording holds one device's measurements; {storage} holds {workload} "
+                         f"measured on: {found}")
+    (info,) = devices.values()
+    device = DeviceInfo(**{k: v for k, v in info.items() if k in DeviceInfo.__dataclass_fields__})
+    store = MeasurementStore(storage, writable=False)
+    try:
+        records = store.records(device, sorted(labels))
+    finally:
+        store.close()
+    return recording_text(device, records, command)
+
+
+def export(storage: str, workload: str, out: str | Path | None = None, fmt: str = "json",
+           command: str = "") -> Path:
+    """Write the export of ``workload``; the default path is ``tuned/<workload>.json`` (``.h``,
+    ``.measurements.json``)."""
     if fmt not in FORMATS:
         raise UsageError(f"unknown export format {fmt!r}; accepted: {', '.join(FORMATS)}")
-    doc = document(storage, workload)
-    text = to_json(doc) if fmt == "json" else to_header(doc)
-    path = Path(out) if out else Path("tuned") / f"{workload}.{'json' if fmt == 'json' else 'h'}"
+    if fmt == "recording":
+        text = recording(storage, workload, command)
+    else:
+        doc = document(storage, workload)
+        text = to_json(doc) if fmt == "json" else to_header(doc)
+    suffix = {"json": "json", "header": "h", "recording": "measurements.json"}[fmt]
+    path = Path(out) if out else Path("tuned") / f"{workload}.{suffix}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)

@@ -10,13 +10,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import jinja2
 
 from .backends.base import DeviceInfo
 from .config import Config, StageGrid, StageTiles
 from .epilogues import get_epilogue
+from .stages import kind_of
 from .paths import templates_dir
 from .sync import ORDERS, POLICIES, order_env, pair_env, policy_for
 from .workloads import Chain
@@ -110,8 +111,8 @@ def wgmma_wrapper(n: int) -> str:
             f'               : "l"(da), "l"(db));\n}}\n')
 
 
-def _headers(wgmma_widths: set[int]) -> str:
-    parts = [_header(name) for name in HEADERS]
+def _headers(wgmma_widths: set[int], kind_headers: Sequence[str] = ()) -> str:
+    parts = [_header(name) for name in (*HEADERS, *kind_headers)]
     if wgmma_widths:
         parts.append("// ---- generated wgmma wrappers\n" + "\n".join(wgmma_wrapper(n) for n in sorted(wgmma_widths)))
         parts.append(_header(WGMMA_HEADER))
@@ -167,6 +168,7 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
                      **order_env(g), KS=g.ks, KC=g.kc, blocks=g.blocks, threads=tl.threads,
                      BM=tl.bm, BN=tl.bn, BK=tl.bk, WM=tl.wm, WN=tl.wn, STAGES=tl.stages, MMA=tl.mma, CLUSTER=tl.cluster,
                      A_ROWS=a_rows(st.m, tl.bm), OW=tl.bn // st.fold, epi=get_epilogue(st.epilogue),
+                     a_arg=kind_of(st).a_arg(st),
                      order_m=order.m.c, order_n=order.n.c, order_s=order.s.c,
                      wait=None, post=None, started=None, guard=None, ticket=None, ws_base=0, arrive_base=0, written_base=0)
         entry["staged"] = staged_epilogue(tl, entry["OW"])
@@ -191,7 +193,11 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
             base = words.take(policy.sems(env))
             stages[i - 1]["post"] = dict(env=env, sem_base=base, sem=policy.post_sem.c,
                                          tma_consumer=config.tiles[i].mma == "wgmma_tma")
-            stages[i]["wait"] = dict(env=env, sem_base=base, doc=f"sync policy '{policy.name}': {policy.doc}",
+            kind_env = {k: v for k, v in kind_of(grids[i].stage).env(grids[i].stage, "2").items()
+                        if any(k in e.names for e in (policy.wait_when, policy.wait_row_lo, policy.wait_row_hi,
+                                                      policy.wait_sem, policy.wait_count))}
+            stages[i]["wait"] = dict(env=env, kind_env=kind_env, sem_base=base,
+                                     doc=f"sync policy '{policy.name}': {policy.doc}",
                                      when=policy.wait_when.c, lo=policy.wait_row_lo.c, hi=policy.wait_row_hi.c,
                                      sem=policy.wait_sem.c, count=policy.wait_count.c)
             if config.launch == "two_stream":
@@ -205,7 +211,8 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
         label=chain.label, config_short=config.short(), stages=stages, launch=config.launch,
         dispatch=config.dispatch, fault=fault, err_word=err_word, fused_ticket=fused_ticket,
         total_blocks=total_blocks, threads=threads,
-        headers=_headers({t.bn // t.wn for t in config.tiles if t.warpgroup}))
+        headers=_headers({t.bn // t.wn for t in config.tiles if t.warpgroup},
+                         list(dict.fromkeys(h for st in chain.stages if (h := kind_of(st).HEADER)))))
     if config.launch == "fused":
         launches: tuple[Launch, ...] = (Launch("fused_kernel", total_blocks, threads, max(map(_smem, grids)), 0),)
     else:

@@ -29,6 +29,7 @@ from . import UsageError
 from .backends.base import DeviceInfo
 from .config import GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
 from .expr import Expr
+from .stages import kind_of
 from .sync import (DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, grid_env, launch_allowed, pair_env,
                    policy_for)
 from .tomlfile import did_you_mean, read_toml
@@ -285,6 +286,11 @@ def cluster(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
     return None
 
 
+def stage_kind(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
+    """What the stage's own kind asks of a tiling (a convolution's chunk holds one tap...)."""
+    return kind_of(g.stage).tiling_problem(g)
+
+
 StageConstraint = Callable[[StageGrid, Limits, DeviceInfo], "str | None"]
 
 # Per stage: judged on one stage's grid alone.
@@ -297,6 +303,7 @@ STAGE_CONSTRAINTS: tuple[tuple[str, StageConstraint], ...] = (
     ("tile_width", tile_width),
     ("split_k", split_k),
     ("cluster", cluster),
+    ("stage_kind", stage_kind),
 )
 
 

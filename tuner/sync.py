@@ -13,7 +13,8 @@ Which producer elements a consumer's chunk reads depends on the consumer's stage
 policy reads it through the names of the kind's **index map** (``INDEX_MAP_NAMES``): the
 first and last producer output row that consumer tile row ``m2`` reads at chunk ``kc``
 (``A_ROW_LO``, ``A_ROW_HI``) and the producer output column where that chunk starts
-(``A_COL``). :meth:`SyncPolicy.bind` puts the kind's formulas in their place
+(``A_COL``), and the first and last rows the tile reads over all its chunks (``A_TILE_LO``,
+``A_TILE_HI``). :meth:`SyncPolicy.bind` puts the kind's formulas in their place
 (:mod:`tuner.stages`), so one policy serves a GEMM and a convolution alike.
 Tile orders read ``t`` (ticket), ``MT``, ``NT``, ``S`` (split count), ``CM``, ``CN`` (cluster shape).
 """
@@ -59,7 +60,7 @@ class SyncPolicy:
         return replace(self, **exprs)
 
 
-INDEX_MAP_NAMES = ("A_ROW_LO", "A_ROW_HI", "A_COL")
+INDEX_MAP_NAMES = ("A_ROW_LO", "A_ROW_HI", "A_TILE_LO", "A_TILE_HI", "A_COL")
 
 
 _ROW_LO = Expr("A_ROW_LO // BM1")
@@ -79,7 +80,7 @@ POLICIES: dict[str, SyncPolicy | None] = {
         "row", "wait once, before the first K chunk, for every producer tile of the rows read",
         sems=Expr("MT1"), post_sem=Expr("m1"),
         wait_when=Expr("first"),
-        wait_row_lo=_ROW_LO, wait_row_hi=_ROW_HI,
+        wait_row_lo=Expr("A_TILE_LO // BM1"), wait_row_hi=Expr("min(A_TILE_HI // BM1, MT1 - 1)"),
         wait_sem=Expr("r"), wait_count=Expr("NT1"),
         requires=Expr("1")),
 }

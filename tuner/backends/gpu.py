@@ -13,6 +13,7 @@ from statistics import median
 from typing import Any, Iterator, Sequence
 
 from ..epilogues import get_epilogue
+from ..stages import kind_of
 from ..config import Config
 from ..render import Rendered, render
 from ..workloads import Chain
@@ -62,11 +63,11 @@ class Problem:
     def allocate(cls, chain: Chain, l2_bytes: int, seed: int) -> "Problem":
         cp = _cp()
         s0 = chain.stages[0]
-        set_bytes = 2 * (s0.m * s0.k + sum(s.n * s.k for s in chain.stages))
+        set_bytes = s0.input_bytes + sum(s.weight_bytes for s in chain.stages)
         # Rotate among enough sets that the working set is at least twice the L2.
         sets = max(1, min(8, math.ceil(2 * l2_bytes / set_bytes)))
         rng = cp.random.default_rng(seed)
-        xs = [_rand(rng, (s0.m, s0.k), 1.0) for _ in range(sets)]
+        xs = [_rand(rng, s0.a_shape, 1.0) for _ in range(sets)]
         ws = [[_rand(rng, (s.n, s.k), 1.0 / math.sqrt(s.k)) for s in chain.stages] for _ in range(sets)]
         ys = [cp.empty((s.m, s.n_out), dtype=cp.float16) for s in chain.stages]
         return cls(chain, xs, ws, ys)
@@ -76,7 +77,7 @@ class Problem:
         cp = _cp()
         rng = cp.random.default_rng(seed)
         s0 = self.chain.stages[0]
-        self.xs[0][...] = _rand(rng, (s0.m, s0.k), 1.0)
+        self.xs[0][...] = _rand(rng, s0.a_shape, 1.0)
         for i, s in enumerate(self.chain.stages):
             self.ws[0][i][...] = _rand(rng, (s.n, s.k), 1.0 / math.sqrt(s.k))
 
@@ -88,11 +89,11 @@ def _rand(rng, shape, scale):
 
 
 def reference(chain: Chain, x, ws) -> Any:
-    """Float32 reference of the whole chain (cuBLAS on upcast inputs)."""
+    """Float32 reference of the whole chain (cuBLAS on upcast inputs; each stage kind's own)."""
     cp = _cp()
     a = x.astype(cp.float32)
     for st, w in zip(chain.stages, ws):
-        a = get_epilogue(st.epilogue).reference(cp, a @ w.astype(cp.float32).T)
+        a = get_epilogue(st.epilogue).reference(cp, kind_of(st).reference(cp, a, w.astype(cp.float32), st))
     return a
 
 

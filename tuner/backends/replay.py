@@ -66,10 +66,15 @@ def write_recording(path: str | Path, device: DeviceInfo, records: Iterable[Reco
     A record is a :class:`Record` or a mapping with ``label``, ``config`` and ``measurement``
     (objects or their ``to_dict()`` forms).
     """
+    Path(path).write_text(recording_text(device, records, command, synthetic=synthetic))
+
+
+def recording_text(device: DeviceInfo, records: Iterable[Record | Mapping[str, Any]], command: str, *,
+                   synthetic: bool = False) -> str:
+    """The text :func:`write_recording` writes."""
     head = {"schema": SCHEMA, "kind": KIND, "synthetic": synthetic, "command": command, "device": device.to_dict()}
     lines = [json.dumps(_record_dict(r), sort_keys=True) for r in records]
-    text = json.dumps(head, sort_keys=True, indent=1)[:-2] + ',\n "records": [\n  ' + ",\n  ".join(lines) + "\n ]\n}\n"
-    Path(path).write_text(text)
+    return json.dumps(head, sort_keys=True, indent=1)[:-2] + ',\n "records": [\n  ' + ",\n  ".join(lines) + "\n ]\n}\n"
 
 
 def _device_from(d: Any, path: Path) -> DeviceInfo:

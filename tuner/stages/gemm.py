@@ -66,6 +66,11 @@ class GemmStage:
         return self.m * self.n_out * 2
 
     @property
+    def a_shape(self) -> tuple[int, int]:
+        """The stored A operand."""
+        return (self.m, self.k)
+
+    @property
     def fold(self) -> int:
         """Accumulator columns per stored column (see :mod:`tuner.epilogues`)."""
         return EPILOGUES[self.epilogue].fold
@@ -76,8 +81,12 @@ class GemmStage:
         return self.n // self.fold
 
 
-# The index map as formulas in the consumer's names (see tuner.sync.INDEX_MAP_NAMES).
+HEADER: str | None = None  # the kind's own kernel header, beside the shared ones (none: RowMajor is shared)
+
+# The index map as formulas in the consumer's names (see tuner.sync.INDEX_MAP_NAMES): the same rows
+# at every chunk, so a chunk's rows are the tile's.
 INDEX_MAP: dict[str, Expr] = {"A_ROW_LO": Expr("m2 * BM2"), "A_ROW_HI": Expr("m2 * BM2 + BM2 - 1"),
+                              "A_TILE_LO": Expr("m2 * BM2"), "A_TILE_HI": Expr("m2 * BM2 + BM2 - 1"),
                               "A_COL": Expr("kc * BK2")}
 
 
@@ -86,14 +95,44 @@ def env(stage: GemmStage, idx: str) -> dict[str, int]:
     return {}
 
 
-def a_view(stage: GemmStage) -> str:
-    """The C++ view of the A operand that the kernel's loads go through (``A`` is its pointer)."""
-    return f"RowMajor av{{A, {stage.k}}}"
+def tiling_problem(grid: "StageGrid") -> str | None:
+    """Why this tiling cannot compute the stage, beyond the constraints every kind shares (none)."""
+    return None
 
 
-def reference(xp, a, w):
+def a_arg(stage: GemmStage) -> str:
+    """The A operand the kernel's mainloop reads: the pointer ``A``, seen as a K-contiguous matrix."""
+    return "A"
+
+
+def reference(xp, a, w, stage: GemmStage):
     """float32 ``a @ w.T`` before the epilogue, for arrays of module ``xp`` (numpy or cupy)."""
     return a @ w.T
+
+
+def cupy_stage(cp, a, w, stage: GemmStage):
+    """The stage before its epilogue as a CuPy user writes it (cuBLAS)."""
+    return a @ w.T
+
+
+def torch_input(torch, x, stage: GemmStage):
+    """The chain's input as a PyTorch model holds it."""
+    return x
+
+
+def torch_weight(torch, w, stage: GemmStage):
+    """The stage's weight as a PyTorch model holds it (before the epilogue's own re-layout)."""
+    return w
+
+
+def torch_stage(F, h, w):
+    """The stage before its epilogue in PyTorch."""
+    return F.linear(h, w)
+
+
+def torch_output(h, stage: GemmStage):
+    """PyTorch's output as our ``[M, N_out]`` matrix."""
+    return h
 
 
 def check_shapes(producer: "StageGrid", consumer: "StageGrid") -> str | None:
