@@ -16,6 +16,7 @@ from typing import Callable, Mapping
 
 from .stages import WorkloadError
 from .stages import Stage
+from .stages.conv import ConvStage
 from .stages.gemm import GemmStage
 
 DTYPES = ("fp16",)
@@ -73,7 +74,7 @@ class Workload:
     sweep_param: str
     sweep: tuple[int, ...]
     defaults: Mapping[str, int]
-    build: Callable[[Mapping[str, int]], tuple[GemmStage, ...]] = field(repr=False)
+    build: Callable[[Mapping[str, int]], tuple[Stage, ...]] = field(repr=False)
     sizes: tuple[SizeParam, ...] = ()
 
     def __post_init__(self) -> None:
@@ -120,17 +121,37 @@ def _llama_mlp(p: Mapping[str, int]) -> tuple[GemmStage, ...]:
     return (GemmStage("gemm1", m, 2 * f, h, "silu_mul"), GemmStage("gemm2", m, h, f, "none", a_from=0))
 
 
+def _conv_chain(depth: int) -> Callable[[Mapping[str, int]], tuple[ConvStage, ...]]:
+    """``depth`` dependent 3x3 convolutions + ReLU at one resolution and channel count."""
+    def build(p: Mapping[str, int]) -> tuple[ConvStage, ...]:
+        size = (p["batch"], p["height"], p["width"], p["channels"], p["channels"])
+        return tuple(ConvStage(f"conv{i + 1}", *size, "relu", a_from=None if i == 0 else i - 1) for i in range(depth))
+    return build
+
+
 _POW2_TOKENS = tuple(2 ** i for i in range(13))
 
 # The model widths are the GEMMs' K, read in 16-byte pieces (8 halves) along each row.
 _MLP_SIZES = (SizeParam("tokens", "token counts (the GEMMs' M)"), SizeParam("hidden", "model widths", 8),
               SizeParam("ffn", "MLP widths (per GPU)", 8))
 
+# Input channels are read in 16-byte pieces (8 halves) per pixel.
+_CONV_SIZES = (SizeParam("batch", "images per batch"), SizeParam("height", "image heights"),
+               SizeParam("width", "image widths"), SizeParam("channels", "channels (in and out)", 8))
+
 WORKLOADS: dict[str, Workload] = {
     "gpt3": Workload("gpt3", "GPT-3 175B MLP, 8-way tensor parallel: GEMM1+GeLU then GEMM2, fp16",
                      "tokens", _POW2_TOKENS, {"hidden": 12288, "ffn": 6144}, _gpt3_mlp, _MLP_SIZES),
     "llama": Workload("llama", "LLaMA-2 70B MLP, 8-way tensor parallel: gate/up GEMM+SiLU*gate then down GEMM, fp16",
                       "tokens", _POW2_TOKENS, {"hidden": 8192, "ffn": 3584}, _llama_mlp, _MLP_SIZES),
+    "resnet38": Workload("resnet38", "ResNet-38 basic block: two dependent 3x3 convolutions + ReLU, NHWC fp16 "
+                         "(layers 56x56x64, 28x28x128, 14x14x256, 7x7x512)",
+                         "batch", (1, 4, 8, 16, 32), {"height": 14, "width": 14, "channels": 256}, _conv_chain(2),
+                         _CONV_SIZES),
+    "vgg19": Workload("vgg19", "VGG-19 block: four dependent 3x3 convolutions + ReLU, NHWC fp16 "
+                      "(layers 28x28x256, 14x14x512)",
+                      "batch", (1, 4, 8, 16, 32), {"height": 28, "width": 28, "channels": 256}, _conv_chain(4),
+                      _CONV_SIZES),
 }
 
 
