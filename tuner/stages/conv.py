@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from ..epilogues import EPILOGUES
 from ..expr import Expr
-from .base import WorkloadError
+from .base import TensorCoreStage, WorkloadError
 from .gemm import producer_cols
 
 if TYPE_CHECKING:
@@ -31,7 +30,7 @@ TAPS = 9
 
 
 @dataclass(frozen=True)
-class ConvStage:
+class ConvStage(TensorCoreStage):
     """One 3x3 convolution of a chain, at a concrete size."""
 
     kind: ClassVar[str] = "conv"
@@ -51,10 +50,7 @@ class ConvStage:
         if self.c_in % 8:
             # 16-byte pieces of one tap's channels: 8 halves never straddle two taps.
             raise WorkloadError(f"stage {self.name}: {self.c_in} input channels; accepted: a multiple of 8")
-        if self.epilogue not in EPILOGUES:
-            raise WorkloadError(f"stage {self.name}: unknown epilogue {self.epilogue!r}; accepted: {', '.join(EPILOGUES)}")
-        if self.c_out % EPILOGUES[self.epilogue].fold:
-            raise WorkloadError(f"stage {self.name}: the {self.epilogue} epilogue needs an even channel count")
+        self.check_epilogue(self.name)
 
     # The implicit GEMM's sizes, which the tiling, the space and the kernels read.
     @property
@@ -68,31 +64,6 @@ class ConvStage:
     @property
     def k(self) -> int:
         return TAPS * self.c_in
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.m * self.n * self.k
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.n * self.k * 2
-
-    @property
-    def input_bytes(self) -> int:
-        """The input image read once (each pixel is read by nine taps, from cache after the first)."""
-        return self.m * self.c_in * 2
-
-    @property
-    def output_bytes(self) -> int:
-        return self.m * self.n_out * 2
-
-    @property
-    def fold(self) -> int:
-        return EPILOGUES[self.epilogue].fold
-
-    @property
-    def n_out(self) -> int:
-        return self.n // self.fold
 
     @property
     def a_shape(self) -> tuple[int, int]:

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from ..epilogues import EPILOGUES
 from ..expr import Expr
-from .base import WorkloadError
+from .base import TensorCoreStage, WorkloadError
 
 if TYPE_CHECKING:
     from ..config import StageGrid
@@ -24,7 +23,7 @@ NEVER = np.iinfo(np.int64).max
 
 
 @dataclass(frozen=True)
-class GemmStage:
+class GemmStage(TensorCoreStage):
     """One GEMM of a chain, at a concrete size: ``C[M,N] = epilogue(A[M,K] @ B[N,K]^T)``."""
 
     kind: ClassVar[str] = "gemm"
@@ -41,44 +40,12 @@ class GemmStage:
         if self.k % 8:
             # 16-byte cp.async chunks along K need K to be a multiple of 8 halves.
             raise WorkloadError(f"stage {self.name}: K={self.k} must be a multiple of 8")
-        if self.epilogue not in EPILOGUES:
-            raise WorkloadError(f"stage {self.name}: unknown epilogue {self.epilogue!r}; accepted: {', '.join(EPILOGUES)}")
-        fold = EPILOGUES[self.epilogue].fold
-        if self.n % fold:
-            raise WorkloadError(f"stage {self.name}: the {self.epilogue} epilogue folds {fold} accumulator columns "
-                                f"into one, so N must be a multiple of {fold}, got {self.n}")
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.m * self.n * self.k
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.n * self.k * 2
-
-    @property
-    def input_bytes(self) -> int:
-        """The A operand read once."""
-        return self.m * self.k * 2
-
-    @property
-    def output_bytes(self) -> int:
-        return self.m * self.n_out * 2
+        self.check_epilogue(self.name)
 
     @property
     def a_shape(self) -> tuple[int, int]:
         """The stored A operand."""
         return (self.m, self.k)
-
-    @property
-    def fold(self) -> int:
-        """Accumulator columns per stored column (see :mod:`tuner.epilogues`)."""
-        return EPILOGUES[self.epilogue].fold
-
-    @property
-    def n_out(self) -> int:
-        """Columns of the stored output: a folding epilogue (SwiGLU) makes one of each column pair."""
-        return self.n // self.fold
 
 
 HEADER: str | None = None  # the kind's own kernel header, beside the shared ones (none: RowMajor is shared)
