@@ -101,3 +101,33 @@ def test_a_bench_summary_hands_its_picks_to_the_study(tmp_path):
                                          {"label": "other", "tile_config": None}]}))
     assert bench.picked_configs(path, "gpt3/tokens=256,hidden=12288,ffn=6144") == [tile, stream]
     assert bench.picked_configs(path, "other") == [] and bench.picked_configs(tmp_path / "none.json", "x") == []
+
+
+def test_the_whole_network_figure_weights_each_layer_by_its_multiplicity():
+    from tuner.bench import network_figures, network_table
+    from tuner.workloads import get_workload
+
+    wl = get_workload("resnet38")
+    rows = []
+    for i, (layer, _) in enumerate(wl.network):
+        size = wl.chain(batch=8, **layer).size_dict
+        rows.append({"size": size, "tuned_us": 10.0 * (i + 1), "stream_us": 11.0 * (i + 1), "floor_us": 1.0,
+                     "baselines_us": {"torch graph": 20.0 * (i + 1), "cupy cublas": 30.0}})
+    rows.append({**rows[0], "size": wl.chain(batch=4, **wl.network[0][0]).size_dict})  # batch 4 lacks layers
+    (fig,) = network_figures({"rows": rows}, "resnet38")
+    # multiplicities 3, 4, 6, 3
+    assert fig["batch"] == 8
+    assert fig["us"] == {"tuned": 10 * (3 + 8 + 18 + 12), "stream": 11 * 41, "floor": 16.0,
+                         "torch graph": 20 * 41, "cupy cublas": 30 * 16}
+    assert fig["formula"] == "3 x 56x56x64 + 4 x 28x28x128 + 6 x 14x14x256 + 3 x 7x7x512"
+    assert "best PyTorch / tuned 2.00" in network_table([fig], "batch")
+
+
+def test_network_sizes_cover_every_layer_at_every_batch():
+    from tuner.workloads import get_workload
+
+    sizes = get_workload("vgg19").network_sizes((1, 4))
+    assert sizes == [{"batch": 1, "height": 28, "width": 28, "channels": 256},
+                     {"batch": 1, "height": 14, "width": 14, "channels": 512},
+                     {"batch": 4, "height": 28, "width": 28, "channels": 256},
+                     {"batch": 4, "height": 14, "width": 14, "channels": 512}]

@@ -21,6 +21,7 @@ from typing import Any
 
 from .config import Config
 from .study import FINAL_PER_KIND, finalists, kind_of, run_study, study_name
+from . import UsageError
 from .workloads import Chain, get_workload
 
 ROUNDS = 5  # interleaved rounds of the final timing
@@ -109,6 +110,7 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
         # Written after every size, so an interrupted bench keeps what it measured.
         summary = {"schema": 1, "kind": "tuner-bench", "workload": workload, "device": dev.to_dict(),
                    "command": command, "read_bandwidth_Bps": bw, "gemm_flops": rate, "rows": rows}
+        summary["network"] = network_figures(summary, workload)
         out.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
         # Every measurement of these sizes the storage holds, this run's and an earlier study's alike.
         labels = [c.label for c in chains] + [c.alone(j).label for c in chains for j in range(len(c.stages))]
@@ -116,7 +118,47 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
         write_recording(rec_path, dev, store.records(dev, labels), command)
         store.close()
     log(table(summary))
+    if summary.get("network"):
+        log(network_table(summary["network"], get_workload(workload).sweep_param))
     return summary
+
+
+def network_figures(summary: dict[str, Any], workload: str) -> list[dict[str, Any]]:
+    """The whole-network figure per value of the swept size whose every layer the summary holds:
+    each column (tuned, ours stream, every baseline, floor) summed over the layers, each layer's
+    time times its multiplicity, with the formula that was summed."""
+    wl = get_workload(workload)
+    if not wl.network:
+        return []
+    rows = {json.dumps(r["size"], sort_keys=True): r for r in summary["rows"]}
+    out = []
+    for v in dict.fromkeys(r["size"].get(wl.sweep_param) for r in summary["rows"]):
+        layers = [(rows.get(json.dumps({**wl.chain(**{wl.sweep_param: v, **layer}).size_dict}, sort_keys=True)), n)
+                  for layer, n in wl.network]
+        if any(r is None for r, _ in layers):
+            continue
+        cols: dict[str, float] = {}
+        for name in ("tuned_us", "stream_us", "floor_us"):
+            if all(r.get(name) is not None for r, _ in layers):
+                cols[name.removesuffix("_us")] = sum(n * r[name] for r, n in layers)
+        for name in set.intersection(*(set(r["baselines_us"]) for r, _ in layers)):
+            cols[name] = sum(n * r["baselines_us"][name] for r, n in layers)
+        formula = " + ".join(f"{n} x {'x'.join(str(r['size'][k]) for k in ('height', 'width', 'channels') if k in r['size'])}"
+                             for r, n in layers)
+        out.append({wl.sweep_param: v, "us": {k: round(x, 2) for k, x in cols.items()}, "formula": formula})
+    return out
+
+
+def network_table(figures: list[dict[str, Any]], sweep: str) -> str:
+    """The whole-network figures as text: µs, and PyTorch's best over ours (>1 means we are faster)."""
+    lines = []
+    for f in figures:
+        us = f["us"]
+        torch_best = min((v for k, v in us.items() if k.startswith("torch")), default=None)
+        ratio = f", best PyTorch / tuned {torch_best / us['tuned']:.2f}" if torch_best and us.get("tuned") else ""
+        cells = ", ".join(f"{k} {v:.1f}" for k, v in sorted(us.items()))
+        lines.append(f"whole network, {sweep}={f[sweep]}: {cells} µs{ratio}  [sum of {f['formula']}]")
+    return "\n".join(lines)
 
 
 def named_finalists(passed: list[tuple[float, Config]], per_kind: int = FINAL_PER_KIND) -> dict[str, Config]:
@@ -188,12 +230,12 @@ def main(args) -> int:
     from .study import sizes_from_args
 
     if not gpu_available():
-        from .cli import UsageError
-
         raise UsageError("bench needs a CUDA GPU and none is visible (study runs without one, on recordings)")
     wl = get_workload(args.workload)
     out = Path(args.out or f"studies/{args.workload}.bench.json")
     space = args.space or home() / "search_spaces" / f"{args.workload}.toml"
-    run_bench(args.workload, sizes_from_args(wl, args), out, space, args.storage, strategy=args.strategy,
+    sizes = (wl.network_sizes(getattr(args, wl.sweep_param) or wl.sweep) if getattr(args, "network", False)
+             else sizes_from_args(wl, args))
+    run_bench(args.workload, sizes, out, space, args.storage, strategy=args.strategy,
               trials=args.trials, seed=args.seed or 0, compare=list(args.compare or []))
     return 0

@@ -181,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "holds costs no new trial); then the 3 fastest stream-sync and tile-sync chains are "
                         "timed again, with every baseline, in 5 interleaved rounds after idle")
     p.add_argument("--seed", type=_non_negative_int, default=0, metavar="N", help="strategy seed and random inputs")
+    p.add_argument("--network", action="store_true",
+                   help="every layer of the whole network (resnet38, vgg19) at each --batch, then the "
+                        "multiplicity-weighted whole-network figure")
     p.add_argument("--compare", type=Path, action="append", metavar="F",
                    help="a bench summary whose picks for each size join the final rounds (repeatable)")
     p.add_argument("--out", type=Path, metavar="PATH",
@@ -297,7 +300,10 @@ def _delegate(module: str, args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     from .backends import gpu_visible  # noqa: PLC0415
 
-    get_workload(args.workload)
+    wl = get_workload(args.workload)
+    if args.network and not wl.network:
+        raise UsageError(f"--network: {wl.name} has no network layers; accepted with: "
+                         f"{', '.join(w.name for w in WORKLOADS.values() if w.network)}")
     if not gpu_visible():
         raise UsageError("bench measures on a GPU and no CUDA device is visible (cupy finds none); accepted "
                          "without a GPU: python -m tuner study --backend replay, python -m tuner compile")

@@ -76,10 +76,17 @@ class Workload:
     defaults: Mapping[str, int]
     build: Callable[[Mapping[str, int]], tuple[Stage, ...]] = field(repr=False)
     sizes: tuple[SizeParam, ...] = ()
+    # The layers of the whole network this chain repeats in: (fixed sizes, how many times), for the
+    # multiplicity-weighted whole-network figure (bench --network).
+    network: tuple[tuple[Mapping[str, int], int], ...] = ()
 
     def __post_init__(self) -> None:
         if {p.name for p in self.sizes} != set(self.params):
             raise ValueError(f"workload {self.name}: sizes must describe exactly {', '.join(self.params)}")
+
+    def network_sizes(self, sweep: tuple[int, ...]) -> list[dict[str, int]]:
+        """Every layer of the network at every value of the swept size."""
+        return [{self.sweep_param: v, **layer} for v in sweep for layer, _ in self.network]
 
     def size_param(self, name: str) -> SizeParam:
         return next(p for p in self.sizes if p.name == name)
@@ -135,6 +142,11 @@ _POW2_TOKENS = tuple(2 ** i for i in range(13))
 _MLP_SIZES = (SizeParam("tokens", "token counts (the GEMMs' M)"), SizeParam("hidden", "model widths", 8),
               SizeParam("ffn", "MLP widths (per GPU)", 8))
 
+def _layers(*layers: tuple[int, int, int]) -> tuple[tuple[Mapping[str, int], int], ...]:
+    """(square resolution, channels, multiplicity) per layer."""
+    return tuple(({"height": r, "width": r, "channels": c}, n) for r, c, n in layers)
+
+
 # Input channels are read in 16-byte pieces (8 halves) per pixel.
 _CONV_SIZES = (SizeParam("batch", "images per batch"), SizeParam("height", "image heights"),
                SizeParam("width", "image widths"), SizeParam("channels", "channels (in and out)", 8))
@@ -147,11 +159,11 @@ WORKLOADS: dict[str, Workload] = {
     "resnet38": Workload("resnet38", "ResNet-38 basic block: two dependent 3x3 convolutions + ReLU, NHWC fp16 "
                          "(layers 56x56x64, 28x28x128, 14x14x256, 7x7x512)",
                          "batch", (1, 4, 8, 16, 32), {"height": 14, "width": 14, "channels": 256}, _conv_chain(2),
-                         _CONV_SIZES),
+                         _CONV_SIZES, _layers((56, 64, 3), (28, 128, 4), (14, 256, 6), (7, 512, 3))),
     "vgg19": Workload("vgg19", "VGG-19 block: four dependent 3x3 convolutions + ReLU, NHWC fp16 "
                       "(layers 28x28x256, 14x14x512)",
                       "batch", (1, 4, 8, 16, 32), {"height": 28, "width": 28, "channels": 256}, _conv_chain(4),
-                      _CONV_SIZES),
+                      _CONV_SIZES, _layers((28, 256, 1), (14, 512, 1))),
 }
 
 
