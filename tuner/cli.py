@@ -1,4 +1,4 @@
-"""Command line: ``python -m tuner {study,bench,export,show,list,compile}``.
+"""Command line: ``python -m tuner {study,bench,export,show,list,report,compile}``.
 
 Every user error surfaces as one ``tuner: error: ...`` line on stderr and exit
 status 2 (``--debug`` adds the traceback); this module is the one place that
@@ -204,6 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("list", "list workloads and stored studies", _cmd_list)
 
+    p = command("report", "plots and a Markdown page of a workload's recorded bench results (no GPU needed)",
+                _cmd_report, storage=False)
+    p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
+    p.add_argument("--summary", type=Path, nargs="+", action="extend", metavar="F",
+                   help="bench summaries to draw (default: studies/<workload>.bench.json and "
+                        "studies/search/<workload>-*.bench.json; a later file's row for a size wins)")
+    p.add_argument("--out", type=Path, metavar="DIR", help="where the page and PNGs go (default: studies/report)")
+
     p = command("compile", "render and compile a workload's kernels with NVRTC (no GPU needed)", _cmd_compile,
                 storage=False)
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
@@ -327,6 +335,16 @@ def _cmd_compile(args: argparse.Namespace, argv: list[str]) -> int:
         except ToolchainMissing as exc:
             raise UsageError(f"compile needs NVRTC, which does not load here: {exc}") from None
     return _delegate("compile", args)
+
+
+def _cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
+    get_workload(args.workload)
+    try:
+        importlib.import_module("matplotlib")
+    except ImportError:
+        raise UsageError("report draws with matplotlib, which is not installed; accepted: "
+                         "pip install -e '.[report]'") from None
+    return _delegate("report", args)
 
 
 def _cmd_export(args: argparse.Namespace, argv: list[str]) -> int:

@@ -1,0 +1,55 @@
+"""python -m tuner report: plots and a page from recorded bench summaries, without a GPU."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tuner.cli import main
+from tuner.report import collect_series, default_summaries, write_report
+
+pytest.importorskip("matplotlib")
+
+
+def summary(tmp_path: Path, name: str, rows: list[dict]) -> Path:
+    p = tmp_path / name
+    p.write_text(json.dumps({"kind": "tuner-bench", "workload": "gpt3", "device": {"name": "NVIDIA H200"},
+                             "rows": rows}))
+    return p
+
+
+def row(tokens: int, tuned: float, hidden: int = 12288, ffn: int = 6144) -> dict:
+    return {"label": f"gpt3/tokens={tokens},hidden={hidden},ffn={ffn}",
+            "size": {"tokens": tokens, "hidden": hidden, "ffn": ffn}, "tuned_us": tuned, "tuned": "tile",
+            "stream_us": tuned * 1.02, "tile_us": tuned, "floor_us": tuned / 2,
+            "baselines_us": {"torch graph": tuned * 1.1, "cupy cublas": tuned * 1.3}}
+
+
+def test_the_shipped_summaries_draw_every_shape(tmp_path):
+    page = write_report("gpt3", out_dir=tmp_path)
+    text = page.read_text()
+    pngs = sorted(tmp_path.glob("*.png"))
+    assert len(pngs) == 2 * len(collect_series("gpt3", default_summaries("gpt3")))
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert all(f"]({p.name})" in text for p in pngs)
+    assert "| 64 | 80.0 (tile) |" in text  # a row of the summary written before rows carried their size
+    assert "not a replay" in text
+
+
+def test_a_later_summary_wins_for_the_same_size_and_shapes_are_kept_apart(tmp_path):
+    old = summary(tmp_path, "a.bench.json", [row(1, 90.0), row(256, 130.0)])
+    new = summary(tmp_path, "b.bench.json", [row(256, 120.0), row(200, 100.0, hidden=4096, ffn=16384)])
+    series = collect_series("gpt3", [old, new])
+    assert [s.name for s in series] == ["hidden=12288,ffn=6144", "hidden=4096,ffn=16384"]
+    assert [(r["size"]["tokens"], r["tuned_us"]) for r in series[0].rows] == [(1, 90.0), (256, 120.0)]
+    page = write_report("gpt3", [old, new], tmp_path / "out").read_text()
+    assert "| 256 | 120.0 (tile) | 122.4 | 132.0 (torch graph) | 1.10 | 60.0 | 1.02 |" in page
+
+
+def test_a_file_that_is_not_a_bench_summary_is_one_line_error(tmp_path, capsys):
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"kind": "tuner-measurements"}))
+    assert main(["report", "gpt3", "--summary", str(bad), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a bench summary of gpt3" in err

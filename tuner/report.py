@@ -1,0 +1,175 @@
+"""``python -m tuner report WORKLOAD``: plots and a Markdown page from recorded bench summaries.
+
+A bench summary (``studies/<workload>.bench.json``, ``studies/search/<workload>*.bench.json``)
+holds, per size, our tuned chain, our best stream-synchronized chain, every baseline and the
+floor, all timed in one process on the GPU. The report draws, per model shape (the sizes that
+are not swept), the time of each against the swept size, and the speedups of tile-sync over
+stream-sync and of the tuned chain over the best baseline, the 1.0 line marked. It needs no GPU:
+its figures are the recorded measurements, and say which device and file they come from.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import UsageError
+from .paths import home
+from .workloads import get_workload
+
+
+@dataclass
+class Series:
+    """The rows of one model shape, ordered by the swept size."""
+
+    shape: dict[str, int]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)  # label -> summary file
+    device: str = ""
+
+    @property
+    def name(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.shape.items()) or "default"
+
+
+def default_summaries(workload: str) -> list[Path]:
+    """The workload's summaries under ``studies/``: the main one first, then the searches in name order."""
+    root = home() / "studies"
+    return [p for p in [root / f"{workload}.bench.json", *sorted((root / "search").glob(f"{workload}-*.bench.json"))]
+            if p.is_file()]
+
+
+def collect_series(workload: str, paths: Sequence[Path]) -> list[Series]:
+    """Rows of the summaries grouped by model shape; a later file's row for the same size wins."""
+    wl = get_workload(workload)
+    by_label: dict[str, tuple[dict[str, Any], str, str]] = {}
+    for path in paths:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"cannot read bench summary {path}: {exc}") from None
+        if doc.get("kind") != "tuner-bench" or doc.get("workload") != wl.name:
+            raise UsageError(f"{path} is not a bench summary of {wl.name}; accepted: a file python -m tuner bench "
+                             f"{wl.name} wrote")
+        for row in doc.get("rows", []):
+            if row.get("tuned_us") is None:
+                continue
+            if "size" not in row:  # summaries from before sizes were recorded: the sweep at default sizes
+                row = {**row, "size": {wl.sweep_param: row["tokens"], **wl.defaults}}
+            by_label[row["label"]] = (row, str(path), doc.get("device", {}).get("name", "?"))
+    series: dict[str, Series] = {}
+    for label, (row, path, device) in by_label.items():
+        shape = {k: row["size"][k] for k in wl.params if k != wl.sweep_param and k in row["size"]}
+        s = series.setdefault(json.dumps(shape, sort_keys=True), Series(shape, device=device))
+        s.rows.append(row)
+        s.sources[label] = path
+    for s in series.values():
+        s.rows.sort(key=lambda r: r["size"][wl.sweep_param])
+    return list(series.values())
+
+
+def _best_baseline(row: dict[str, Any]) -> tuple[str, float] | None:
+    base = row.get("baselines_us") or {}
+    return min(base.items(), key=lambda kv: kv[1]) if base else None
+
+
+def plot_series(s: Series, workload: str, out_dir: Path) -> tuple[Path, Path]:
+    """Two PNGs for one shape: times against size, and speedups against size."""
+    import matplotlib  # noqa: PLC0415 - optional dependency (the report extra)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    sweep = get_workload(workload).sweep_param
+    x = [r["size"][sweep] for r in s.rows]
+    stem = f"{workload}-{s.name.replace('=', '').replace(',', '-')}"
+    title = f"{workload} {s.name} on {s.device} (recorded bench measurements)"
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    lines = {"tuned": [r.get("tuned_us") for r in s.rows], "ours, stream-sync": [r.get("stream_us") for r in s.rows]}
+    for name in sorted({k for r in s.rows for k in (r.get("baselines_us") or {})}):
+        lines[name] = [(r.get("baselines_us") or {}).get(name) for r in s.rows]
+    lines["floor"] = [r.get("floor_us") for r in s.rows]
+    for name, ys in lines.items():
+        pts = [(a, b) for a, b in zip(x, ys) if b is not None]
+        if pts:
+            style = {"tuned": dict(lw=2.5), "floor": dict(ls=":", color="k")}.get(name, dict(lw=1.2))
+            ax.plot(*zip(*pts), marker="o", ms=3, label=name, **style)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(sweep)
+    ax.set_ylabel("time per chain (µs)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    times = out_dir / f"{stem}-time.png"
+    fig.tight_layout()
+    fig.savefig(times, dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    tile = [(a, r["stream_us"] / r["tile_us"]) for a, r in zip(x, s.rows) if r.get("stream_us") and r.get("tile_us")]
+    over = [(a, b[1] / r["tuned_us"]) for a, r in zip(x, s.rows) if (b := _best_baseline(r))]
+    if tile:
+        ax.plot(*zip(*tile), marker="o", ms=3, label="tile-sync over stream-sync (ours)")
+    if over:
+        ax.plot(*zip(*over), marker="o", ms=3, label="tuned over the best baseline")
+    ax.axhline(1.0, color="k", lw=1, ls="--", label="1.0: as fast")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(sweep)
+    ax.set_ylabel("speedup (>1: faster)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    speed = out_dir / f"{stem}-speedup.png"
+    fig.tight_layout()
+    fig.savefig(speed, dpi=110)
+    plt.close(fig)
+    return times, speed
+
+
+def write_report(workload: str, paths: Sequence[Path] | None = None, out_dir: Path | None = None) -> Path:
+    """Plots and ``<workload>.md`` in ``out_dir`` (default ``studies/report``); returns the page."""
+    wl = get_workload(workload)
+    paths = list(paths) if paths else default_summaries(wl.name)
+    if not paths:
+        raise UsageError(f"no bench summary of {wl.name} under studies/; accepted: --summary F (python -m tuner "
+                         f"bench {wl.name} writes one)")
+    out_dir = Path(out_dir) if out_dir else home() / "studies" / "report"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    series = collect_series(wl.name, paths)
+    lines = [f"# {wl.name}: recorded results", "",
+             f"{wl.description}. Every figure is a measurement recorded by `python -m tuner bench` (the file "
+             "named in each row), not a replay; µs per chain, medians of interleaved rounds; ratios above 1 "
+             f"mean we are faster. Made by `python -m tuner report {wl.name}`.", ""]
+    for s in series:
+        times, speed = plot_series(s, wl.name, out_dir)
+        lines += [f"## {s.name} on {s.device}", "", f"![time]({times.name})", "", f"![speedup]({speed.name})", "",
+                  f"| {wl.sweep_param} | tuned | ours stream-sync | best baseline | best / tuned | floor | "
+                  "tile vs stream | source |", "| ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]
+        for r in s.rows:
+            b = _best_baseline(r)
+            tvs = f"{r['stream_us'] / r['tile_us']:.2f}" if r.get("stream_us") and r.get("tile_us") else "-"
+            src = Path(s.sources[r["label"]])
+            try:
+                src = src.relative_to(home())
+            except ValueError:
+                pass
+            tuned = r["tuned_us"]
+            stream = "-" if r.get("stream_us") is None else f"{r['stream_us']:.1f}"
+            best = "-" if b is None else f"{b[1]:.1f} ({b[0]})"
+            ratio = "-" if b is None else f"{b[1] / tuned:.2f}"
+            lines.append(f"| {r['size'][wl.sweep_param]} | {tuned:.1f} ({r.get('tuned')}) | {stream} | {best} | "
+                         f"{ratio} | {r['floor_us']:.1f} | {tvs} | `{src}` |")
+        lines.append("")
+    page = out_dir / f"{wl.name}.md"
+    page.write_text("\n".join(lines))
+    return page
+
+
+def main(args: Any) -> int:
+    """CLI entry: ``report WORKLOAD [--summary F ...] [--out DIR]``."""
+    page = write_report(args.workload, args.summary, args.out)
+    print(f"wrote {page} and its plots")
+    return 0
