@@ -96,17 +96,8 @@ def plot_series(s: Series, workload: str, out_dir: Path) -> tuple[Path, Path]:
         if pts:
             style = {"tuned": dict(lw=2.5), "floor": dict(ls=":", color="k")}.get(name, dict(lw=1.2))
             ax.plot(*zip(*pts), marker="o", ms=3, label=name, **style)
-    ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel(sweep)
-    ax.set_ylabel("time per chain (µs)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    times = out_dir / f"{stem}-time.png"
-    fig.tight_layout()
-    fig.savefig(times, dpi=110)
-    plt.close(fig)
+    times = _save(plt, fig, ax, sweep, "time per chain (µs)", title, out_dir / f"{stem}-time.png")
 
     fig, ax = plt.subplots(figsize=(8, 4))
     tile = [(a, r["stream_us"] / r["tile_us"]) for a, r in zip(x, s.rows) if r.get("stream_us") and r.get("tile_us")]
@@ -116,17 +107,21 @@ def plot_series(s: Series, workload: str, out_dir: Path) -> tuple[Path, Path]:
     if over:
         ax.plot(*zip(*over), marker="o", ms=3, label="tuned over the best baseline")
     ax.axhline(1.0, color="k", lw=1, ls="--", label="1.0: as fast")
+    speed = _save(plt, fig, ax, sweep, "speedup (>1: faster)", title, out_dir / f"{stem}-speedup.png")
+    return times, speed
+
+
+def _save(plt: Any, fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
     ax.set_xscale("log", base=2)
-    ax.set_xlabel(sweep)
-    ax.set_ylabel("speedup (>1: faster)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    speed = out_dir / f"{stem}-speedup.png"
     fig.tight_layout()
-    fig.savefig(speed, dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-    return times, speed
+    return path
 
 
 def write_report(workload: str, paths: Sequence[Path] | None = None, out_dir: Path | None = None) -> Path:
