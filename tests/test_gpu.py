@@ -107,3 +107,31 @@ def test_the_baselines_compute_the_chain_they_are_timed_as(backend, workload):
         import cupy as cp
 
         assert rel_error(cp.asarray(eager()), ref) < VERIFY_TOL
+
+
+# Convolutions: 96 channels and 30x30 images divide no tile; 7x7x512 is ResNet-38's last layer.
+CONV_ODD = dict(batch=3, height=30, width=30, channels=96)
+CONV_CASES = [("resnet38", CONV_ODD, "sync"), ("resnet38", dict(batch=1), "sync"), ("resnet38", dict(batch=1), "wgmma"),
+              ("resnet38", dict(batch=2, height=56, width=56, channels=64), "sync"),
+              ("resnet38", dict(batch=2, height=28, width=28, channels=128), "wgmma"),
+              ("resnet38", dict(batch=4, height=7, width=7, channels=512), "sync"),
+              ("vgg19", dict(batch=1), "sync"), ("vgg19", dict(batch=2, height=14, width=14, channels=512), "wgmma")]
+
+
+@pytest.mark.parametrize("workload,size,mma", CONV_CASES,
+                         ids=lambda s: s if isinstance(s, str) else ",".join(f"{k}={v}" for k, v in s.items()))
+def test_every_combination_is_correct_for_convolutions(backend, workload, size, mma):
+    """Each sync choice of a convolution chain against the float32 reference convolution."""
+    from tuner.paths import home
+    from tuner.space import load_space
+
+    chain = get_workload(workload).chain(**size)
+    fs = load_space(home() / "search_spaces" / f"{workload}.toml").feasible(chain, backend.device_info())
+    failures = []
+    for cfg in coverage(chain, mma):
+        why = fs.contains(cfg)
+        assert why is None, f"{cfg.short()}: {why}"
+        m = backend.measure(chain, cfg)
+        if not m.ok:
+            failures.append(f"{cfg.short()}: {m.reason}: {m.message}")
+    assert not failures, "\n".join(failures)

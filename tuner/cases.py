@@ -21,16 +21,22 @@ def combos() -> list[tuple[str, str, str, str]]:
 
 
 def tiles_for(chain: Chain, split: tuple[int, int] = (1, 1), mma: str = "sync") -> tuple[StageTiles, ...]:
-    """A reasonable tiling for the chain's token count: short tiles at small M."""
+    """A reasonable tiling for the chain's M: short tiles at small M; the first stage gets
+    ``split[0]``, every later one ``split[1]``. A convolution's chunk holds one tap, so its BK
+    is 32 on mma.sync (channels are a multiple of 32 in the tests) and 64 on wgmma."""
     m = chain.stages[0].m
+    n = len(chain.stages)
+    splits = (split[0], *([split[1]] * (n - 1)))
+    bn = 64 if min(st.n for st in chain.stages) <= 64 else 128  # no wider than the narrowest stage needs
     if mma != "sync":
         wm = 1 if m <= 64 else 2
-        return tuple(StageTiles(64 * wm, 128, 64, wm, 1, 4, s, mma) for s in split)
-    if m <= 16:
-        return (StageTiles(16, 128, 64, 1, 4, 4, split[0]), StageTiles(16, 128, 64, 1, 4, 4, split[1]))
+        return tuple(StageTiles(64 * wm, bn, 64, wm, 1, 4, s, mma) for s in splits)
+    conv = any(st.kind == "conv" for st in chain.stages)
+    if m <= 16 and not conv:
+        return tuple(StageTiles(16, bn, 64, 1, 4, 4, s) for s in splits)
     if m <= 64:
-        return (StageTiles(64, 128, 32, 2, 2, 4, split[0]), StageTiles(64, 128, 32, 2, 2, 4, split[1]))
-    return (StageTiles(128, 128, 32, 2, 2, 4, split[0]), StageTiles(64, 128, 32, 2, 2, 4, split[1]))
+        return tuple(StageTiles(64, bn, 32, 2, 2, 4, s) for s in splits)
+    return (StageTiles(128, bn, 32, 2, 2, 4, splits[0]), *(StageTiles(64, bn, 32, 2, 2, 4, s) for s in splits[1:]))
 
 
 def coverage(chain: Chain, mma: str = "sync") -> list[Config]:
