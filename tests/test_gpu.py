@@ -135,3 +135,35 @@ def test_every_combination_is_correct_for_convolutions(backend, workload, size, 
         if not m.ok:
             failures.append(f"{cfg.short()}: {m.reason}: {m.message}")
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("workload, size", [("gpt3", ODD), ("llama", dict(tokens=100, hidden=1032, ffn=776))])
+def test_the_runtime_runs_a_bundle_entry_from_cupy_and_torch_inside_and_outside_a_graph(backend, tmp_path, workload,
+                                                                                         size):
+    import cupy as cp
+
+    from tuner.backends.gpu import VERIFY_TOL, reference, rel_error
+    from tuner.bundle import write_entry
+    from tuner.runtime import load
+
+    chain = get_workload(workload).chain(**size)
+    cfg = next(c for c in coverage(chain, "wgmma") if c.policy == "tile" and c.launch == "two_stream")
+    rt = load(write_entry(tmp_path / "entry", chain, cfg, backend.device_info().to_dict()))
+    p = backend.problem(chain)
+    x, ws = p.xs[0], p.ws[0]
+    ref = reference(chain, x, ws)
+    assert rel_error(rt(x, *ws), ref) < VERIFY_TOL
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        rt(x, *ws)  # warm: the module loads outside the capture
+        stream.begin_capture()
+        out = rt(x, *ws)
+        graph = stream.end_capture()
+        out[...] = 0
+        graph.launch(stream)
+        stream.synchronize()
+    assert rel_error(out, ref) < VERIFY_TOL
+    torch = pytest.importorskip("torch")
+    tx, tw = torch.as_tensor(x, device="cuda"), [torch.as_tensor(w, device="cuda") for w in ws]
+    assert rel_error(cp.asarray(rt(tx, *tw)), ref) < VERIFY_TOL
+    assert rel_error(cp.asarray(rt(tx[:7].contiguous(), *tw)), ref[:7]) < VERIFY_TOL  # padded to the entry

@@ -196,7 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
     p.add_argument("-o", "--output", type=Path, metavar="PATH", help="default: tuned/<workload>.json (or .h)")
     p.add_argument("--format", choices=FORMATS, default="json",
-                   help="json or a C++ header (best configs), or a recording (every measurement, for --backend replay)")
+                   help="json or a C++ header (best configs); bundle: a folder with each best chain's CUDA source, "
+                        "cubin and manifest, which tuner.runtime runs; recording: every measurement, for "
+                        "--backend replay")
 
     p = command("show", "summarize the stored studies of a workload", _cmd_show)
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")

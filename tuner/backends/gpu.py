@@ -15,7 +15,7 @@ from typing import Any, Iterator, Sequence
 from ..epilogues import get_epilogue
 from ..stages import kind_of
 from ..config import Config
-from ..render import Rendered, render
+from ..render import Launch, Rendered, render
 from ..workloads import Chain
 from . import tensormap
 from .base import Backend, DeviceInfo, Measurement
@@ -105,6 +105,21 @@ def rel_error(out, ref) -> float:
     return float(cp.linalg.norm(o - ref) / max(float(cp.linalg.norm(ref)), 1e-30))
 
 
+def enqueue_launches(funcs: dict[str, Any], launches: Sequence[Launch], args: tuple, stream: Any, side: Any,
+                     fork: Any, join: Any) -> None:
+    """Enqueue a chain's launches with ``args`` on ``stream``; those of stream 1 go to ``side``,
+    which forks from ``stream`` before them and joins into it after (events ``fork``, ``join``)."""
+    two = any(l.stream == 1 for l in launches)
+    if two:
+        fork.record(stream)
+        side.wait_event(fork)
+    for l in launches:
+        funcs[l.kernel]((l.grid,), (l.threads,), args, shared_mem=l.smem, stream=side if l.stream == 1 else stream)
+    if two:
+        join.record(side)
+        stream.wait_event(join)
+
+
 class Runner:
     """A loaded, allocated config, runnable any number of times (one epoch per run)."""
 
@@ -148,17 +163,7 @@ class Runner:
     def enqueue(self, s: int = 0) -> None:
         """Enqueue one run of the chain on stream 0 (stream 1 forks from and joins into it)."""
         self.epoch += 1
-        args = self.args(s)
-        s0, s1 = self.streams
-        two = any(l.stream == 1 for l in self.r.launches)
-        if two:
-            self.fork.record(s0)
-            s1.wait_event(self.fork)
-        for l in self.r.launches:
-            self.funcs[l.kernel]((l.grid,), (l.threads,), args, shared_mem=l.smem, stream=self.streams[l.stream])
-        if two:
-            self.join.record(s1)
-            s0.wait_event(self.join)
+        enqueue_launches(self.funcs, self.r.launches, self.args(s), *self.streams, self.fork, self.join)
 
     def error_flag(self) -> int:
         return int(self.state[self.r.err_word].get())

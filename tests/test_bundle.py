@@ -1,0 +1,95 @@
+"""export --format bundle and tuner.runtime: what runs without a GPU (writing, compiling, checking
+arguments, choosing the entry); running the chains is in tests/test_gpu.py."""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.runtime import RuntimeArgumentError, load
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class FakeDeviceArray:
+    """Just the CUDA array interface, as CuPy and PyTorch expose it."""
+
+    def __init__(self, shape, typestr="<f2", strides=None):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "strides": strides, "data": (0, False),
+                                         "version": 3}
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from tuner import compile as tc
+
+    try:
+        tc.toolkit_version()
+    except tc.ToolchainMissing:
+        pytest.skip("NVRTC is not installed (pip install -e '.[compile]')")
+    work = tmp_path_factory.mktemp("bundle")
+    url = f"sqlite:///{work / 's.db'}"
+    study = [sys.executable, "-m", "tuner", "study", "gpt3", "--tokens", "1,256", "--trials", "12", "--strategy",
+             "random", "--backend", "replay", "--storage", url]
+    subprocess.run(study, cwd=ROOT, check=True, capture_output=True)
+    done = subprocess.run([sys.executable, "-m", "tuner", "export", "gpt3", "--format", "bundle", "-o",
+                           str(work / "out"), "--storage", url], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return work / "out"
+
+
+def test_the_bundle_holds_source_cubin_and_manifest_per_size(bundle):
+    index = json.loads((bundle / "index.json").read_text())
+    assert index["workload"] == "gpt3" and index["sweep"] == "tokens"
+    assert sorted(e["size"]["tokens"] for e in index["entries"]) == [1, 256]
+    for e in index["entries"]:
+        entry = bundle / e["path"]
+        m = json.loads((entry / "manifest.json").read_text())
+        assert (entry / "chain.cubin").read_bytes()[:4] == b"\x7fELF"
+        assert m["source_hash"] == hashlib.sha256((entry / "chain.cu").read_bytes()).hexdigest()
+        assert m["buffers"] == {"x": [e["size"]["tokens"], 12288], "w0": [6144, 12288], "y0": [e["size"]["tokens"], 6144],
+                                "w1": [12288, 6144], "y1": [e["size"]["tokens"], 12288]}
+        assert m["replayed"] and m["arch"] == "sm_90a" and m["launches"]
+        assert all(set(l) == {"kernel", "grid", "threads", "smem", "stream"} for l in m["launches"])
+
+
+def test_the_runtime_takes_the_exact_entry_or_pads_to_the_next_larger(bundle):
+    rt = load(bundle)
+    w = [FakeDeviceArray((6144, 12288)), FakeDeviceArray((12288, 6144))]
+    entry, pad = rt.entry_for(FakeDeviceArray((256, 12288)), w)
+    assert entry["size"]["tokens"] == 256 and not pad
+    entry, pad = rt.entry_for(FakeDeviceArray((100, 12288)), w)
+    assert entry["size"]["tokens"] == 256 and pad
+    with pytest.raises(RuntimeArgumentError, match="no tuned entry takes 300 rows .* the bundle has 1, 256"):
+        rt.entry_for(FakeDeviceArray((300, 12288)), w)
+
+
+@pytest.mark.parametrize("x, w, message", [
+    (FakeDeviceArray((1, 12288), "<f4"), None, "x: fp16 is expected"),
+    (FakeDeviceArray((1, 12288), strides=(2, 4)), None, "x: a C-contiguous"),
+    (FakeDeviceArray((1, 4096)), None, r"x: shape \(1, 4096\) does not fit gpt3/tokens=1"),
+    (FakeDeviceArray((1, 12288)), [FakeDeviceArray((6144, 12288))], "2 weights are expected"),
+    (FakeDeviceArray((12288,)), None, "a 2-d array"),
+])
+def test_the_runtime_refuses_arguments_that_do_not_fit_in_one_line(bundle, x, w, message):
+    rt = load(bundle)
+    w = w if w is not None else [FakeDeviceArray((6144, 12288)), FakeDeviceArray((12288, 6144))]
+    with pytest.raises(RuntimeArgumentError, match=message) as exc:
+        rt.entry_for(x, w)
+    assert "\n" not in str(exc.value)
+
+
+def test_a_host_array_is_refused(bundle):
+    np = pytest.importorskip("numpy")
+    with pytest.raises(RuntimeArgumentError, match="x: a CUDA array is expected .* numpy.ndarray on the host"):
+        load(bundle).entry_for(np.zeros((1, 12288), np.float16), [])
+
+
+def test_a_folder_that_is_no_bundle_is_refused(tmp_path):
+    with pytest.raises(Exception, match="no index.json or manifest.json"):
+        load(tmp_path)

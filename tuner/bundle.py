@@ -1,0 +1,105 @@
+"""A runnable bundle of tuned chains: ``python -m tuner export WORKLOAD --format bundle -o DIR``.
+
+Per device and size the storage holds a study of, the best config's self-contained CUDA source,
+its cubin for that device (NVRTC, on any host) and a manifest saying how to run it: the launch
+sequence (kernel, grid, threads, dynamic shared memory, stream), the buffers and their shapes,
+the u32 state words to zero once and keep, the split-K workspace, the TMA descriptors, and the
+kernels' argument order. ``index.json`` lists the entries. :mod:`tuner.runtime` runs them.
+
+Every kernel of an entry takes the same arguments, in this order: ``x``, then per stage ``w<i>``
+and ``y<i>``, then ``ws`` (float32 workspace), ``state`` (u32, zeroed once, never reset),
+``epoch`` (u32, 1 on the first run, one more each run) and ``tmaps`` (the TMA descriptors,
+128 bytes each, in device memory).
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from . import UsageError
+from .config import Config
+from .render import render
+from .workloads import get_workload
+
+BUNDLE_SCHEMA = 1
+ARGS = "x, w0, y0, w1, y1, ..., ws, state, epoch, tmaps"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "-", text).strip("-")
+
+
+def manifest(chain: Any, config: Config, device: dict[str, Any], time_us: float | None, replayed: bool,
+             arch: str, rendered: Any) -> dict[str, Any]:
+    """How to run one tuned chain (see the module docstring for the kernels' arguments)."""
+    buffers = {"x": list(chain.stages[0].a_shape)}
+    for i, st in enumerate(chain.stages):
+        buffers[f"w{i}"] = [st.n, st.k]
+        buffers[f"y{i}"] = [st.m, st.n_out]
+    return {
+        "schema": BUNDLE_SCHEMA, "label": chain.label, "workload": chain.workload, "size": chain.size_dict,
+        "device": device, "arch": arch, "dtype": "fp16", "config": config.to_dict(), "short": config.short(),
+        "time_us": time_us, "replayed": replayed, "source_hash": rendered.hash,
+        "args": ARGS, "buffers": buffers, "output": f"y{len(chain.stages) - 1}",
+        # Rows of a GEMM chain are independent: fewer can run zero-padded to these. A convolution's
+        # rows are pixels of images of one size, which the input's shape alone does not tell.
+        "pads_rows": all(st.kind == "gemm" for st in chain.stages),
+        "state_words": rendered.state_words, "ws_floats": rendered.ws_floats, "err_word": rendered.err_word,
+        "launches": [{"kernel": l.kernel, "grid": l.grid, "threads": l.threads, "smem": l.smem, "stream": l.stream}
+                     for l in rendered.launches],
+        "tensor_maps": [{"slot": t.slot, "operand": t.operand, "rows": t.rows, "cols": t.cols, "box_rows": t.box_rows}
+                        for t in rendered.tensor_maps],
+        "files": {"source": "chain.cu", "cubin": "chain.cubin"},
+    }
+
+
+def write_entry(where: Path, chain: Any, config: Config, device: dict[str, Any], time_us: float | None = None,
+                replayed: bool = False) -> Path:
+    """One entry: the chain's source, its cubin for ``device`` and its manifest, in ``where``."""
+    from .compile import compile_source, target_arch  # noqa: PLC0415
+
+    arch = target_arch(device.get("arch", "sm_90"))
+    rendered = render(chain, config)
+    module = compile_source(rendered.source, arch)
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "chain.cu").write_text(rendered.source)
+    (where / "chain.cubin").write_bytes(module.cubin)
+    doc = manifest(chain, config, device, time_us, replayed, arch, rendered)
+    (where / "manifest.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return where
+
+
+def write_bundle(storage: str, workload: str, out: str | Path) -> Path:
+    """Write the bundle of ``workload``'s best configs into ``out``; returns its ``index.json``."""
+    import optuna  # noqa: PLC0415
+
+    from .export import collect  # noqa: PLC0415
+    from .store import open_optuna_storage  # noqa: PLC0415
+
+    wl = get_workload(workload)
+    rows = [r for r in collect(storage, wl.name) if r["best"] and r["best"].get("config")]
+    if not rows:
+        raise UsageError(f"no measured study of {wl.name} in {storage}; run python -m tuner study {wl.name} first, "
+                         "or pass --storage with the URL the studies were written to")
+    out = Path(out)
+    rdb = open_optuna_storage(storage)
+    entries = []
+    for r in rows:
+        chain = wl.chain(**r["size"])
+        config = Config.from_dict(r["best"]["config"])
+        best = optuna.load_study(study_name=r["study"], storage=rdb).best_trial
+        device = best.user_attrs.get("device") or {"name": r["device"], "arch": "sm_90"}
+        where = out / _slug(r["device"]) / _slug(",".join(f"{k}={v}" for k, v in chain.size_dict.items()))
+        try:
+            write_entry(where, chain, config, device, r["best"]["median_us"], r["replayed"])
+        except OSError as exc:
+            raise UsageError(f"cannot write the bundle into {out}: {exc.strerror or exc}") from None
+        entries.append({"label": chain.label, "device": r["device"], "size": chain.size_dict,
+                        "path": str(where.relative_to(out)), "time_us": r["best"]["median_us"],
+                        "replayed": r["replayed"]})
+    index = out / "index.json"
+    index.write_text(json.dumps({"schema": BUNDLE_SCHEMA, "workload": wl.name, "sweep": wl.sweep_param,
+                                 "entries": entries}, indent=1, sort_keys=True) + "\n")
+    return index
