@@ -100,3 +100,26 @@ def test_no_proposal_is_infeasible_or_refused_and_exploration_follows_an_exhaust
     assert n >= 400
     assert [p for i, p in enumerate(phases) if p not in phases[:i]] == [
         "stage pass", "chain pass", "refinement", "exploration"]
+
+
+def test_stages_that_compute_the_same_thing_alone_share_one_stage_pass():
+    """VGG's four convolutions are one computation when timed alone: only the first is timed, with
+    the whole stage budget, and the chain pass reads its times for all four."""
+    chain = get_workload("vgg19").chain(batch=1)
+    fs = load_space(home() / "search_spaces" / "vgg19.toml").feasible(chain, H200)
+    st = Staged()
+    st.start(SearchContext(chain, fs, H200, lambda c: True, 400, stage_tilings=fs.tilings))
+    assert st.twin_of == [0, 0, 0, 0] and st.stage_cap == 200
+    timed = set()
+    while (batch := st.propose(10_000)) and batch[0].phase == "stage pass":
+        timed |= {p.stage for p in batch}
+        st.observe(Outcome(p, 50.0 + i) for i, p in enumerate(batch))
+    assert timed == {0} and batch and all(p.stage is None for p in batch)
+    assert all(st.alone[j] is st.alone[0] for j in range(4)) and len(st.alone[0]) > 50
+    best = st._top_tilings(0)[0]
+    assert any(p.config.tiles == (best,) * 4 for p in batch)
+
+
+def test_a_gemm_chain_times_both_stages():
+    st = staged(256)
+    assert st.twin_of == [0, 1] and st.stage_cap == 100

@@ -1,6 +1,7 @@
 """``staged`` (the default): the structure of a chain, exploited.
 
-1. **Stage pass.** Each stage is timed alone (its own Optuna study), over the feasible
+1. **Stage pass.** Each stage is timed alone (its own Optuna study; stages that compute the
+   same thing alone, like VGG's four convolutions, once for all), over the feasible
    tilings the cost model ranks first. The model is too coarse to rank tile shapes, so every
    shape gets a turn: first a probe of the model's best few shapes of every MMA instruction,
    then more shapes of the instructions whose probe came within :data:`LIVE_KIND` of the
@@ -58,9 +59,15 @@ class Staged(Strategy):
         super().start(ctx)
         n = len(ctx.chain.stages)
         self.n = n
-        self.alone: list[dict[StageTiles, float | None]] = [{} for _ in range(n)]
+        # Stages that compute the same thing when timed alone (VGG's four convolutions) share one
+        # stage pass: the first of them is timed, the others read its times.
+        alone = [replace(st, name="", a_from=None) for st in ctx.chain.stages]
+        self.twin_of = [alone.index(a) for a in alone]
+        self.timed = sorted(set(self.twin_of))
+        shared: dict[int, dict[StageTiles, float | None]] = {j: {} for j in self.timed}
+        self.alone: list[dict[StageTiles, float | None]] = [shared[self.twin_of[j]] for j in range(n)]
         self.times: dict[Config, float | None] = {}
-        self.stage_cap = max(PROBE, int(ctx.budget * STAGE_SHARE / n))
+        self.stage_cap = max(PROBE, int(ctx.budget * STAGE_SHARE / len(self.timed)))
         self.chain_cap = max(1, int(ctx.budget * CHAIN_SHARE))
         self.grids = [list(g) for g in ctx.stage_tilings]
         self.allowed = [{g.tiles for g in gs} for gs in self.grids]
@@ -80,6 +87,8 @@ class Staged(Strategy):
     def _stage_batch(self, per_stage: list[list[StageTiles]]) -> list[Proposal]:
         out = []
         for j, tilings in enumerate(per_stage):
+            if self.twin_of[j] != j:
+                continue  # its twin's times stand for it
             for t in tilings:
                 if t not in self.alone[j] and t in self.allowed[j]:
                     self.alone[j][t] = None
