@@ -93,3 +93,28 @@ def test_a_host_array_is_refused(bundle):
 def test_a_folder_that_is_no_bundle_is_refused(tmp_path):
     with pytest.raises(Exception, match="no index.json or manifest.json"):
         load(tmp_path)
+
+
+def test_the_bundle_carries_the_cpp_launcher_and_entry_facts_it_reads(bundle):
+    for name in ("tuner_chain.h", "tuner_chain.cpp", "example.cpp"):
+        assert (bundle / "cpp" / name).is_file()
+    for e in json.loads((bundle / "index.json").read_text())["entries"]:
+        m = json.loads((bundle / e["path"] / "manifest.json").read_text())
+        facts = (bundle / e["path"] / "entry.txt").read_text().splitlines()
+        assert f"state_words {m['state_words']}" in facts and "epilogue gelu" in facts and "epilogue none" in facts
+        assert [f.split()[1] for f in facts if f.startswith("launch ")] == [l["kernel"] for l in m["launches"]]
+
+
+def test_the_cpp_launcher_and_example_compile_against_the_cuda_headers(bundle, tmp_path):
+    import shutil
+
+    include = next((p for p in (Path("/usr/local/cuda/include"), *sorted(Path("/usr/local").glob("cuda-*/include")))
+                    if (p / "cuda.h").is_file()), None)
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if include is None or compiler is None:
+        pytest.skip("no CUDA headers or C++ compiler here")
+    for src in ("tuner_chain.cpp", "example.cpp"):
+        done = subprocess.run([compiler, "-std=c++17", "-Wall", "-Werror", "-c", f"-I{include}",
+                               str(bundle / "cpp" / src), "-o", str(tmp_path / (src + ".o"))],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr

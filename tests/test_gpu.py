@@ -167,3 +167,26 @@ def test_the_runtime_runs_a_bundle_entry_from_cupy_and_torch_inside_and_outside_
     tx, tw = torch.as_tensor(x, device="cuda"), [torch.as_tensor(w, device="cuda") for w in ws]
     assert rel_error(cp.asarray(rt(tx, *tw)), ref) < VERIFY_TOL
     assert rel_error(cp.asarray(rt(tx[:7].contiguous(), *tw)), ref[:7]) < VERIFY_TOL  # padded to the entry
+
+
+def test_the_cpp_example_runs_a_bundle_entry_and_checks_it(backend, tmp_path):
+    import shutil
+    import subprocess
+
+    from tuner.bundle import CPP_FILES, write_entry
+    from tuner.paths import home
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH")
+    chain = get_workload("gpt3").chain(**ODD)
+    cfg = next(c for c in coverage(chain, "wgmma_tma") if c.policy == "tile" and c.launch == "fused")
+    entry = write_entry(tmp_path / "entry", chain, cfg, backend.device_info().to_dict())
+    cpp = home() / "tuner" / "cpp"
+    exe = tmp_path / "example"
+    build = subprocess.run([nvcc, "-O2", "-std=c++17", *(str(cpp / f) for f in CPP_FILES if f.endswith(".cpp")),
+                            "-lcuda", "-o", str(exe)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(exe), str(entry)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "relative error" in run.stdout

@@ -9,7 +9,8 @@ kernels' argument order. ``index.json`` lists the entries. :mod:`tuner.runtime` 
 Every kernel of an entry takes the same arguments, in this order: ``x``, then per stage ``w<i>``
 and ``y<i>``, then ``ws`` (float32 workspace), ``state`` (u32, zeroed once, never reset),
 ``epoch`` (u32, 1 on the first run, one more each run) and ``tmaps`` (the TMA descriptors,
-128 bytes each, in device memory).
+128 bytes each, in device memory). ``cpp/`` holds a C++ launcher (CUDA driver API) that runs an
+entry from its ``entry.txt`` (the manifest, one fact per line) and an example that checks one.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from .workloads import get_workload
 
 BUNDLE_SCHEMA = 1
 ARGS = "x, w0, y0, w1, y1, ..., ws, state, epoch, tmaps"
+CPP_FILES = ("tuner_chain.h", "tuner_chain.cpp", "example.cpp")
 
 
 def _slug(text: str) -> str:
@@ -68,7 +70,20 @@ def write_entry(where: Path, chain: Any, config: Config, device: dict[str, Any],
     (where / "chain.cubin").write_bytes(module.cubin)
     doc = manifest(chain, config, device, time_us, replayed, arch, rendered)
     (where / "manifest.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    (where / "entry.txt").write_text(entry_text(doc, [st.epilogue for st in chain.stages]))
     return where
+
+
+def entry_text(doc: dict[str, Any], epilogues: list[str]) -> str:
+    """The manifest one fact per line, for the C++ launcher (``cpp/tuner_chain.cpp``)."""
+    lines = [f"# {doc['label']} on {doc['device'].get('name', '?')}: read by tuner_chain.cpp",
+             f"label {doc['label']}", f"time_us {doc['time_us'] or 0}", f"state_words {doc['state_words']}",
+             f"ws_floats {doc['ws_floats']}", f"err_word {doc['err_word']}"]
+    lines += [f"buffer {name} {rows} {cols}" for name, (rows, cols) in doc["buffers"].items()]
+    lines += [f"epilogue {e}" for e in epilogues]
+    lines += [f"launch {l['kernel']} {l['grid']} {l['threads']} {l['smem']} {l['stream']}" for l in doc["launches"]]
+    lines += [f"tensor_map {t['slot']} {t['operand']} {t['rows']} {t['cols']} {t['box_rows']}" for t in doc["tensor_maps"]]
+    return "\n".join(lines) + "\n"
 
 
 def write_bundle(storage: str, workload: str, out: str | Path) -> Path:
@@ -99,6 +114,10 @@ def write_bundle(storage: str, workload: str, out: str | Path) -> Path:
         entries.append({"label": chain.label, "device": r["device"], "size": chain.size_dict,
                         "path": str(where.relative_to(out)), "time_us": r["best"]["median_us"],
                         "replayed": r["replayed"]})
+    cpp = out / "cpp"  # the C++ launcher and its example, beside the entries they run
+    cpp.mkdir(exist_ok=True)
+    for name in CPP_FILES:
+        (cpp / name).write_text((Path(__file__).parent / "cpp" / name).read_text())
     index = out / "index.json"
     index.write_text(json.dumps({"schema": BUNDLE_SCHEMA, "workload": wl.name, "sweep": wl.sweep_param,
                                  "entries": entries}, indent=1, sort_keys=True) + "\n")
