@@ -135,3 +135,26 @@ def test_a_tile_synchronized_convolution_chain_compiles(tmp_path, mma):
     assert f"Im2col3x3<30, 30, {size['channels']}>{{A}}" in src and "constexpr int W2 = 30;" in src
     mod = tc.compile_source(src, "sm_90a", cache_dir=tmp_path)
     assert not mod.spills
+
+
+@pytest.mark.parametrize("workload, size, stages_timed", [("resnet38", dict(batch=1), 1), ("vgg19", dict(batch=2), 1),
+                                                          ("resnet38", ODD, 1)])
+def test_the_default_study_runs_a_convolution_chain_end_to_end(tmp_path, workload, size, stages_timed):
+    """The whole loop on a backend of made-up times (tests/chaos_backend.py, no GPU): the stage pass
+    times one stage for the twins, every proposal is feasible and checker-accepted, the budget holds."""
+    import optuna
+
+    from chaos_backend import ChaosBackend
+    from tuner.study import run_study
+
+    chain = get_workload(workload).chain(**size)
+    space = load_space(home() / "search_spaces" / f"{workload}.toml")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    out = run_study(chain, space, ChaosBackend(), url, trials=150, final=False, transfer=False)
+    assert out.measured == 150 and out.refused == 0
+    studies = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(url)}
+    stage_studies = [n for n, k in studies.items() if "/conv" in n and k]
+    assert len(stage_studies) == stages_timed
+    chain_trials = [t for t in optuna.load_study(study_name=out.name, storage=url).get_trials()
+                    if t.user_attrs.get("measured")]
+    assert chain_trials and {t.params["policy"] for t in chain_trials} >= {"stream", "tile"}
