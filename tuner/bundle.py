@@ -34,7 +34,7 @@ def _slug(text: str) -> str:
 
 
 def manifest(chain: Any, config: Config, device: dict[str, Any], time_us: float | None, replayed: bool,
-             arch: str, rendered: Any) -> dict[str, Any]:
+             arch: str, rendered: Any, synthetic: bool = False) -> dict[str, Any]:
     """How to run one tuned chain (see the module docstring for the kernels' arguments)."""
     buffers = {"x": list(chain.stages[0].a_shape)}
     for i, st in enumerate(chain.stages):
@@ -43,7 +43,7 @@ def manifest(chain: Any, config: Config, device: dict[str, Any], time_us: float 
     return {
         "schema": BUNDLE_SCHEMA, "label": chain.label, "workload": chain.workload, "size": chain.size_dict,
         "device": device, "arch": arch, "dtype": "fp16", "config": config.to_dict(), "short": config.short(),
-        "time_us": time_us, "replayed": replayed, "source_hash": rendered.hash,
+        "time_us": time_us, "replayed": replayed, "synthetic": synthetic, "source_hash": rendered.hash,
         "args": ARGS, "buffers": buffers, "output": f"y{len(chain.stages) - 1}",
         # Rows of a GEMM chain are independent: fewer can run zero-padded to these. A convolution's
         # rows are pixels of images of one size, which the input's shape alone does not tell.
@@ -58,7 +58,7 @@ def manifest(chain: Any, config: Config, device: dict[str, Any], time_us: float 
 
 
 def write_entry(where: Path, chain: Any, config: Config, device: dict[str, Any], time_us: float | None = None,
-                replayed: bool = False) -> Path:
+                replayed: bool = False, synthetic: bool = False) -> Path:
     """One entry: the chain's source, its cubin for ``device`` and its manifest, in ``where``."""
     from .compile import compile_source, target_arch  # noqa: PLC0415
 
@@ -68,7 +68,7 @@ def write_entry(where: Path, chain: Any, config: Config, device: dict[str, Any],
     where.mkdir(parents=True, exist_ok=True)
     (where / "chain.cu").write_text(rendered.source)
     (where / "chain.cubin").write_bytes(module.cubin)
-    doc = manifest(chain, config, device, time_us, replayed, arch, rendered)
+    doc = manifest(chain, config, device, time_us, replayed, arch, rendered, synthetic)
     (where / "manifest.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     (where / "entry.txt").write_text(entry_text(doc, [st.epilogue for st in chain.stages]))
     return where
@@ -108,12 +108,12 @@ def write_bundle(storage: str, workload: str, out: str | Path) -> Path:
         device = best.user_attrs.get("device") or {"name": r["device"], "arch": "sm_90"}
         where = out / _slug(r["device"]) / _slug(",".join(f"{k}={v}" for k, v in chain.size_dict.items()))
         try:
-            write_entry(where, chain, config, device, r["best"]["median_us"], r["replayed"])
+            write_entry(where, chain, config, device, r["best"]["median_us"], r["replayed"], r["synthetic"])
         except OSError as exc:
             raise UsageError(f"cannot write the bundle into {out}: {exc.strerror or exc}") from None
         entries.append({"label": chain.label, "device": r["device"], "size": chain.size_dict,
                         "path": str(where.relative_to(out)), "time_us": r["best"]["median_us"],
-                        "replayed": r["replayed"]})
+                        "replayed": r["replayed"], "synthetic": r["synthetic"]})
     cpp = out / "cpp"  # the C++ launcher and its example, beside the entries they run
     cpp.mkdir(exist_ok=True)
     for name in CPP_FILES:

@@ -411,6 +411,8 @@ def _cmd_list(args: argparse.Namespace, argv: list[str]) -> int:
     print(f"stored studies in {args.storage}:" if summaries else f"stored studies: none in {args.storage}")
     for s in sorted(summaries, key=lambda s: (s.study_name.split("/", 1)[0], _size_key(s.study_name))):
         attrs = s.user_attrs
+        if "stage" in attrs and not s.n_trials:
+            continue  # a stage that its twin's stage pass stood in for
         tag = " (replayed, synthetic)" if attrs.get("synthetic") else " (replayed)" if attrs.get("replayed") else ""
         # The same counts as show: measured trials, and the best of the final rounds where they ran.
         summ = summarize(optuna.load_study(study_name=s.study_name, storage=rdb).get_trials(deepcopy=False))
