@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("export", "write the best configs per device and size", _cmd_export)
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
     p.add_argument("-o", "--output", type=Path, metavar="PATH", help="default: tuned/<workload>.json (or .h)")
-    p.add_argument("--format", choices=FORMATS, default="json",
+    p.add_argument("--format", choices=(*FORMATS, "bundle"), default="json",
                    help="json or a C++ header (best configs); bundle: a folder with each best chain's CUDA source, "
                         "cubin and manifest, which tuner.runtime runs; recording: every measurement, for "
                         "--backend replay")
@@ -353,7 +353,12 @@ def _cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
     from .export import export  # noqa: PLC0415
 
     wl = get_workload(args.workload)
-    path = export(args.storage, wl.name, args.output, args.format, command="python -m tuner " + shlex.join(argv))
+    if args.format == "bundle":
+        from .bundle import write_bundle  # noqa: PLC0415 - compiles with NVRTC
+
+        path = write_bundle(args.storage, wl.name, args.output or Path("tuned") / f"{wl.name}-bundle")
+    else:
+        path = export(args.storage, wl.name, args.output, args.format, command="python -m tuner " + shlex.join(argv))
     print(f"wrote {path}")
     return 0
 

@@ -1,6 +1,6 @@
-"""Export the best configs of a workload's studies, per device and size, as JSON or a C++ header;
-as a runnable bundle (:mod:`tuner.bundle`); or every measurement of them as a recording that
-the replay backend reads.
+"""Export the best configs of a workload's studies, per device and size, as JSON or a C++ header,
+or every measurement of them as a recording that the replay backend reads. (The runnable bundle,
+:mod:`tuner.bundle`, is built on :func:`collect`.)
 
 The output depends only on the stored trials: keys are sorted, rows are in a
 fixed order and nothing records when it was written, so two identical studies
@@ -20,7 +20,7 @@ from .study import summarize
 from .workloads import get_workload
 
 SCHEMA_VERSION = 1
-FORMATS = ("json", "header", "recording", "bundle")
+FORMATS = ("json", "header", "recording")
 
 
 def collect(storage: str, workload: str) -> list[dict[str, Any]]:
@@ -187,10 +187,6 @@ def export(storage: str, workload: str, out: str | Path | None = None, fmt: str 
     ``.measurements.json``)."""
     if fmt not in FORMATS:
         raise UsageError(f"unknown export format {fmt!r}; accepted: {', '.join(FORMATS)}")
-    if fmt == "bundle":
-        from .bundle import write_bundle  # noqa: PLC0415 - compiles with NVRTC
-
-        return write_bundle(storage, workload, out or Path("tuned") / f"{workload}-bundle")
     if fmt == "recording":
         text = recording(storage, workload, command)
     else:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from .expr import Expr
 
 if TYPE_CHECKING:
-    from .config import StageGrid
+    from .tiling import StageGrid
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from .base import TensorCoreStage, WorkloadError
 from .gemm import producer_cols
 
 if TYPE_CHECKING:
-    from ..config import StageGrid
+    from ..tiling import StageGrid
 
 HEADER = "conv.cuh"  # the A operand's view, pasted into sources that hold a convolution
 TAPS = 9

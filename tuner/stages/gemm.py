@@ -17,7 +17,7 @@ from ..expr import Expr
 from .base import TensorCoreStage, WorkloadError
 
 if TYPE_CHECKING:
-    from ..config import StageGrid
+    from ..tiling import StageGrid
 
 NEVER = np.iinfo(np.int64).max
 

@@ -1,0 +1,124 @@
+"""Tilings: how one tensor-core stage is cut into block tiles, and the grid that cut makes.
+
+Below the stage kinds, which read a tiling's grid in their index maps, and below the config,
+which holds one tiling per stage.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class Shaped(Protocol):
+    """What a grid reads of a stage: the ``M x N x K`` of its product."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+
+
+TILE_FIELDS = ("bm", "bn", "bk", "wm", "wn", "stages", "split_k", "mma", "cm", "cn")
+# Tile fields that name a choice rather than count something, with their accepted values.
+# "sync": mma.sync warps (any sm_80+); "wgmma": Hopper warpgroup MMAs from swizzled shared memory
+# filled by cp.async; "wgmma_tma": the same MMAs, shared memory filled by the Tensor Memory Accelerator.
+TILE_CHOICES: dict[str, tuple[str, ...]] = {"mma": ("sync", "wgmma", "wgmma_tma")}
+WARPGROUP_MMAS = ("wgmma", "wgmma_tma")
+TILE_DEFAULTS: dict[str, Any] = {"split_k": 1, "mma": "sync", "cm": 1, "cn": 1}  # what records made before a field existed mean
+
+
+def tile_value(field: str, value: Any) -> Any:
+    """A tile field's value in its own type (choices are names, the rest counts)."""
+    if value is None:
+        raise KeyError(field)
+    return str(value) if field in TILE_CHOICES else int(value)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class StageTiles:
+    """Tiling of one GEMM stage: block tile, warp grid, pipeline depth, split-K, MMA instruction
+    and thread-block cluster.
+
+    With a warpgroup MMA (``wgmma``, ``wgmma_tma``), ``wm`` x ``wn`` counts warpgroups (four warps
+    each, 64 rows apiece). ``cm`` x ``cn`` blocks computing neighbouring tiles form one cluster
+    (``wgmma_tma`` only): each A slab is fetched once and multicast to the ``cn`` blocks that read
+    it, each B slab to the ``cm`` blocks, which cuts the traffic from L2."""
+
+    bm: int
+    bn: int
+    bk: int
+    wm: int
+    wn: int
+    stages: int
+    split_k: int = 1
+    mma: str = "sync"
+    cm: int = 1
+    cn: int = 1
+
+    @property
+    def cluster(self) -> int:
+        """Blocks per cluster."""
+        return self.cm * self.cn
+
+    @property
+    def warpgroup(self) -> bool:
+        """Whether the stage computes with Hopper warpgroup MMAs."""
+        return self.mma in WARPGROUP_MMAS
+
+    @property
+    def warps(self) -> int:
+        """Warps per block; the TMA variant adds one producer warp that only issues copies."""
+        return self.wm * self.wn * (4 if self.warpgroup else 1) + (self.mma == "wgmma_tma")
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def ring_bytes(self) -> int:
+        """The ring of A and B tiles: swizzled unpadded rows for wgmma, rows padded by 16 bytes for mma.sync."""
+        row = self.bk * 2 if self.warpgroup else self.bk * 2 + 16
+        return self.stages * (self.bm + self.bn) * row
+
+    def smem_bytes(self) -> int:
+        """Shared memory of a block: the ring, plus for wgmma 1 KiB of alignment slack and, when the
+        TMA fills the ring, two 8-byte mbarriers (full, empty) per slot."""
+        if self.warpgroup:
+            return self.ring_bytes() + 1024 + (16 * self.stages if self.mma == "wgmma_tma" else 0)
+        return self.ring_bytes()
+
+
+@dataclass(frozen=True)
+class StageGrid:
+    """How a stage's output is cut into tiles, derived from its size and tiling."""
+
+    stage: Shaped
+    tiles: StageTiles
+
+    @property
+    def mt(self) -> int:
+        return cdiv(self.stage.m, self.tiles.bm)
+
+    @property
+    def nt(self) -> int:
+        return cdiv(self.stage.n, self.tiles.bn)
+
+    @property
+    def kc(self) -> int:
+        """K chunks of the whole reduction."""
+        return cdiv(self.stage.k, self.tiles.bk)
+
+    @property
+    def ks(self) -> int:
+        """K chunks per split."""
+        return cdiv(self.kc, self.tiles.split_k)
+
+    @property
+    def blocks(self) -> int:
+        return self.mt * self.nt * self.tiles.split_k
+
+    def split_chunks(self, s: int) -> range:
+        return range(s * self.ks, min((s + 1) * self.ks, self.kc))
