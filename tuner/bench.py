@@ -227,7 +227,6 @@ def main(args) -> int:
     """CLI entry: ``bench WORKLOAD [size flags] [--trials N] [--out PATH]``."""
     from .backends.gpu import gpu_available
     from .paths import home
-    from .study import sizes_from_args
 
     if not gpu_available():
         raise UsageError("bench needs a CUDA GPU and none is visible (study runs without one, on recordings)")
@@ -235,7 +234,7 @@ def main(args) -> int:
     out = Path(args.out or f"studies/{args.workload}.bench.json")
     space = args.space or home() / "search_spaces" / f"{args.workload}.toml"
     sizes = (wl.network_sizes(getattr(args, wl.sweep_param) or wl.sweep) if getattr(args, "network", False)
-             else sizes_from_args(wl, args))
+             else wl.requested_sizes(vars(args)))
     run_bench(args.workload, sizes, out, space, args.storage, strategy=args.strategy,
               trials=args.trials, seed=args.seed or 0, compare=list(args.compare or []))
     return 0

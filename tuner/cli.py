@@ -234,8 +234,7 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
     from .store import MeasurementStore  # noqa: PLC0415
     from .bench import picked_configs  # noqa: PLC0415
     from .paths import home  # noqa: PLC0415
-    from .study import (default_study, describe, figure_tag, load_study_file, run_study,  # noqa: PLC0415
-                        sizes_from_args)
+    from .study import default_study, describe, figure_tag, load_study_file, run_study  # noqa: PLC0415
 
     wl = get_workload(args.workload)
     if args.gpus:
@@ -249,7 +248,7 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
     if spec.workload != wl.name:
         raise UsageError(f"{spec.source} tunes {spec.workload}, not {wl.name}; accepted: "
                          f"python -m tuner study {spec.workload} --study-file {args.study_file}")
-    chains = [wl.chain(**size) for size in sizes_from_args(wl, args, spec.sizes)]
+    chains = [wl.chain(**size) for size in wl.requested_sizes(vars(args), spec.sizes)]
     space = load_space(args.space or spec.space)
     strategy = args.strategy or spec.strategy
     seed = spec.seed if args.seed is None else args.seed

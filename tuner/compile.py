@@ -354,18 +354,17 @@ def main(args: argparse.Namespace) -> int:
     from tqdm import tqdm  # noqa: PLC0415
 
     from . import UsageError  # noqa: PLC0415
-    from .backends.base import DeviceInfo  # noqa: PLC0415
+    from .device import DeviceInfo  # noqa: PLC0415
     from .checker import check  # noqa: PLC0415
     from .paths import home  # noqa: PLC0415
     from .render import render  # noqa: PLC0415
     from .space import load_space  # noqa: PLC0415
-    from .study import sizes_from_args  # noqa: PLC0415
     from .workloads import get_workload  # noqa: PLC0415
 
     if not _ARCH.fullmatch(args.arch):
         raise UsageError(f"--arch {args.arch!r} is not an architecture; accepted: sm_XY or sm_XYa, e.g. sm_90")
     wl = get_workload(args.workload)
-    sizes = sizes_from_args(wl, args)
+    sizes = wl.requested_sizes(vars(args))
     device = DeviceInfo(name=f"{args.arch} (compile only)", arch=args.arch.rstrip("a"))
     target = target_arch(device.arch)
     space = load_space(home() / "search_spaces" / f"{wl.name}.toml")

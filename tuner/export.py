@@ -148,7 +148,7 @@ def recording(storage: str, workload: str, command: str) -> str:
     as the text of a recording (see :func:`tuner.backends.replay.write_recording`)."""
     import optuna  # noqa: PLC0415
 
-    from .backends.base import DeviceInfo  # noqa: PLC0415
+    from .device import DeviceInfo  # noqa: PLC0415
     from .backends.replay import recording_text  # noqa: PLC0415
     from .store import MeasurementStore  # noqa: PLC0415
 

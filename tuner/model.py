@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .backends.base import DeviceInfo
+from .device import DeviceInfo
 from .tiling import StageGrid, StageTiles
 
 SMEM_PER_SM = 228 * 1024  # bytes; each block also reserves 1 KiB

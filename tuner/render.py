@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import jinja2
 
-from .backends.base import DeviceInfo
+from .device import DeviceInfo
 from .config import Config, StageGrid, StageTiles
 from .epilogues import get_epilogue
 from .stages import kind_of

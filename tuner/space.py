@@ -26,7 +26,7 @@ from typing import Any, Callable, Container, Iterable, Iterator, Mapping, Sequen
 import numpy as np
 
 from . import UsageError
-from .backends.base import DeviceInfo
+from .device import DeviceInfo
 from .config import GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
 from .expr import Expr
 from .stages import kind_of

@@ -35,7 +35,7 @@ from .strategies import make as make_strategy
 from .tomlfile import did_you_mean, read_toml
 from .trials import (FINALISTS, StudyError, TrialBook, TrialSummary, is_stream, measurement_attrs, stage_study_name,  # noqa: F401
                      study_name, summarize, transfer_candidates, trial_config)
-from .workloads import Chain, WorkloadError, get_workload, size_flags
+from .workloads import Chain, WorkloadError, get_workload
 
 STUDY_KEYS = ("workload", "sizes", "space", "strategy", "seed", "trials", "timeout")
 # The budget of one size by default: the staged search's stage pass, chain pass and refinement
@@ -128,22 +128,6 @@ def parse_study(data: Mapping[str, Any], source: str, beside: Path | None = None
     return StudySpec(wl.name, sizes, resolve_path(space, beside), strategy, seed,
                      None if trials is None else _positive_int(trials, f"{source}: trials"),
                      float(timeout) if timeout is not None else None, source)
-
-
-def sizes_from_args(wl: Any, args: Any, base: Mapping[str, tuple[int, ...]] | None = None) -> list[dict[str, int]]:
-    """Every size the command line asks for: ``--tokens`` and the other size flags of the workload
-    (each a value or a list) over ``base`` (the study file's sizes, else the workload's sweep)."""
-    sizes = dict(base or {wl.sweep_param: wl.sweep})
-    for key in wl.params:
-        value = getattr(args, key, None)
-        if value is not None:
-            sizes[key] = tuple(value) if isinstance(value, (tuple, list)) else (value,)
-    for key in size_flags():
-        if getattr(args, key, None) is not None and key not in wl.params:
-            raise StudyError(f"workload {wl.name} has no size --{key}; accepted: "
-                             f"{', '.join('--' + p for p in wl.params)}")
-    keys = list(sizes)
-    return [dict(zip(keys, values)) for values in itertools.product(*(sizes[k] for k in keys))]
 
 
 def load_study_file(path: str | Path) -> StudySpec:

@@ -11,8 +11,9 @@ by hand.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from .stages import WorkloadError
 from .stages import Stage
@@ -87,6 +88,22 @@ class Workload:
     def network_sizes(self, sweep: tuple[int, ...]) -> list[dict[str, int]]:
         """Every layer of the network at every value of the swept size."""
         return [{self.sweep_param: v, **layer} for v in sweep for layer, _ in self.network]
+
+    def requested_sizes(self, flags: Mapping[str, Any], base: Mapping[str, tuple[int, ...]] | None = None
+                        ) -> list[dict[str, int]]:
+        """Every size the command line asks for: the size flags given (each a value or a list; any
+        other key of ``flags`` is ignored) over ``base`` (a study file's sizes, else the sweep)."""
+        sizes = dict(base or {self.sweep_param: self.sweep})
+        for key in size_flags():
+            value = flags.get(key)
+            if value is None:
+                continue
+            if key not in self.params:
+                raise WorkloadError(f"workload {self.name} has no size --{key}; accepted: "
+                                    f"{', '.join('--' + p for p in self.params)}")
+            sizes[key] = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+        keys = list(sizes)
+        return [dict(zip(keys, values)) for values in itertools.product(*(sizes[k] for k in keys))]
 
     def size_param(self, name: str) -> SizeParam:
         return next(p for p in self.sizes if p.name == name)

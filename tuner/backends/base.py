@@ -6,27 +6,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
 from ..config import Config
+from ..device import DeviceInfo
 from ..workloads import Chain
 
 # Every failed trial carries exactly one of these.
 FAIL_REASONS = ("constraint", "compile", "resources", "launch", "timeout", "incorrect")
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """What a measurement was taken on; part of every cache key and trial record."""
-
-    name: str
-    arch: str = "sm_90"
-    sms: int = 132
-    smem_per_block: int = 227 * 1024
-    regs_per_block: int = 65536
-    l2_bytes: int = 50 * 1024 * 1024
-    driver: str = ""
-    toolkit: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass

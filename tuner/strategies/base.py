@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from ..backends.base import DeviceInfo
+from ..device import DeviceInfo
 from ..config import Config, StageGrid, StageTiles
 from ..space import FeasibleSet
 from ..workloads import Chain
