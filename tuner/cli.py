@@ -192,9 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .export import FORMATS  # noqa: PLC0415
 
-    p = command("export", "write the best configs per device and size", _cmd_export)
+    p = command("export", "write the best configs per device and size, a runnable bundle of them, or a recording",
+                _cmd_export)
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
-    p.add_argument("-o", "--output", type=Path, metavar="PATH", help="default: tuned/<workload>.json (or .h)")
+    p.add_argument("-o", "--output", type=Path, metavar="PATH", help="default: tuned/<workload>.json (.h, .measurements.json; a bundle: the folder "
+                        "tuned/<workload>-bundle)")
     p.add_argument("--format", choices=(*FORMATS, "bundle"), default="json",
                    help="json or a C++ header (best configs); bundle: a folder with each best chain's CUDA source, "
                         "cubin and manifest, which tuner.runtime runs; recording: every measurement, for "
