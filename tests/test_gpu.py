@@ -190,3 +190,39 @@ def test_the_cpp_example_runs_a_bundle_entry_and_checks_it(backend, tmp_path):
     run = subprocess.run([str(exe), str(entry)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "relative error" in run.stdout
+
+
+@pytest.mark.parametrize("mma", ["sync", "wgmma", "wgmma_tma"])
+def test_chains_replayed_from_cuda_graphs_number_their_runs_and_stay_correct(backend, mma):
+    """Sources with the epoch on the device (render(..., device_epoch=True)): every launch mode
+    replayed from a graph many times, then a graph replay and a plain run still match the reference."""
+    import cupy as cp
+
+    from tuner.backends.gpu import VERIFY_TOL, reference, rel_error
+
+    chain = get_workload("gpt3").chain(**ODD)
+    for cfg in coverage(chain, mma):
+        runner, m = backend.load(chain, cfg, device_epoch=True)
+        assert runner is not None, m.message
+        assert backend.verify(chain, runner)[1] is None, cfg.short()
+        runner.capture()
+        runner.time_graphs(3, 10)
+        p = runner.problem
+        runner.graphs[0].launch(runner.streams[0])
+        runner.streams[0].synchronize()
+        assert not runner.error_flag(), cfg.short()
+        assert rel_error(p.ys[-1], reference(chain, p.xs[0], p.ws[0])) < VERIFY_TOL, cfg.short()
+        assert backend.verify(chain, runner)[1] is None, cfg.short()
+        cp.cuda.Device().synchronize()
+
+
+def test_bench_times_graphs_of_our_chains_and_of_cupy(backend):
+    from tuner.baselines import baseline_timers
+
+    chain = get_workload("resnet38").chain(batch=1)
+    cfgs = [c for c in coverage(chain) if c.policy == "tile"][:2]
+    p = backend.problem(chain)
+    got = backend.time_rounds(chain, cfgs, 2, extra=baseline_timers(chain, p.xs[0], p.ws[0], graphs=True),
+                              graphs=True)
+    assert all(isinstance(got[c], list) for c in cfgs), got
+    assert "cupy cublas graph" in got

@@ -68,3 +68,27 @@ def test_a_split_tile_counts_arrivals_and_stored_partials_apart_and_only_the_las
     # the splits that are not last store and post, then leave; the last waits for S - 1 posts, then adds
     assert src.index("tuner_post(written);") < src.index("return;", src.index("tuner_post(written);"))
     assert "epoch * (u32)(S - 1)" in src and "split_reduce<T, S>" in src
+
+
+def test_graph_replayable_sources_number_their_runs_in_every_kernel(tmp_path):
+    """render(..., device_epoch=True): every kernel derives its run from a counter of its own (the
+    epoch argument is ignored), so a captured graph replays as is; the default source is untouched."""
+    from tuner.cases import coverage
+    from tuner.render import render
+    from tuner.workloads import get_workload
+
+    chain = get_workload("gpt3").chain(tokens=1000, hidden=1032, ffn=776)
+    for cfg in coverage(chain):
+        plain, graph = render(chain, cfg), render(chain, cfg, device_epoch=True)
+        assert "tuner_run" not in plain.source and not plain.device_epoch and graph.device_epoch
+        assert graph.source.count("= tuner_run(") == len(graph.kernels), cfg.short()
+        assert "u32 epoch_arg" in graph.source
+        assert graph.state_words >= plain.state_words
+    try:
+        from tuner import compile as tc
+
+        tc.toolkit_version()
+    except Exception:
+        return
+    for cfg in coverage(chain)[::4]:
+        assert not tc.compile_source(render(chain, cfg, device_epoch=True).source, "sm_90a", cache_dir=tmp_path).spills

@@ -158,10 +158,33 @@ def time_torch(fn: Callable[[], Any], warmup: int = 5, reps: int = 30) -> list[f
     return [a.elapsed_time(b) * 1000.0 for a, b in evs]
 
 
-def baseline_timers(chain: Chain, x, ws) -> dict[str, Callable[[int, int], list[float]]]:
-    """Every baseline available here, by name, as ``timer(warmup, reps) -> per-call µs``."""
+def cupy_graph(fn: Callable[[], Any]) -> Callable[[int, int], list[float]] | None:
+    """``fn`` (CuPy work) captured in a CUDA graph, as ``timer(warmup, reps)``; None where the
+    capture is refused (an allocation the memory pool cannot serve while capturing, say)."""
+    import cupy as cp
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    try:
+        with stream:
+            fn()  # warm: the pool holds the sizes, cuBLAS its handle
+            stream.synchronize()
+            stream.begin_capture()
+            try:
+                fn()
+            finally:
+                graph = stream.end_capture()
+    except Exception:  # noqa: BLE001 - the variant is just absent
+        return None
+    return lambda w, r: time_events(lambda: graph.launch(stream), w, r, stream=stream)
+
+
+def baseline_timers(chain: Chain, x, ws, graphs: bool = False) -> dict[str, Callable[[int, int], list[float]]]:
+    """Every baseline available here, by name, as ``timer(warmup, reps) -> per-call µs``; with
+    ``graphs`` also the CuPy chain captured in a CUDA graph (PyTorch's graph variants are always in)."""
     cupy_fn = cupy_chain(chain, x, ws)
     out: dict[str, Callable[[int, int], list[float]]] = {"cupy cublas": lambda w, r: time_events(cupy_fn, w, r)}
+    if graphs and (timer := cupy_graph(cupy_fn)) is not None:
+        out["cupy cublas graph"] = timer
     for name, fn in torch_chains(chain, x, ws).items():
         out[name] = lambda w, r, fn=fn: time_torch(fn, w, r)
     return out

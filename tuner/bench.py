@@ -41,7 +41,7 @@ def timed_configs(storage: str, chain: Chain, device) -> list[tuple[float, Confi
 
 def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path: Path, storage: str, *,
               strategy: str = "staged", trials: int | None = None, seed: int = 0,
-              compare: list[Path] = (), log=print) -> dict[str, Any]:
+              compare: list[Path] = (), log=print, graphs: bool = False) -> dict[str, Any]:
     """Search, then time the finalists with every baseline, for every size; returns (and writes) the summary."""
     from .backends.gpu import GpuBackend
     from .backends.replay import write_recording
@@ -75,8 +75,8 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
                 if cfg not in contestants.values():
                     contestants[f"{Path(path).name} {kind_of(cfg)}"] = cfg
         p = gpu.problem(ch)
-        extra = baseline_timers(ch, p.xs[0], p.ws[0])
-        got = gpu.time_rounds(ch, list(contestants.values()), ROUNDS, extra=extra)
+        extra = baseline_timers(ch, p.xs[0], p.ws[0], graphs=graphs)
+        got = gpu.time_rounds(ch, list(contestants.values()), ROUNDS, extra=extra, graphs=graphs)
         rounds: dict[str, list[float]] = {}
         for name, cfg in contestants.items():
             if isinstance(got.get(cfg), list):
@@ -109,7 +109,8 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
         log(_row_text(row))
         # Written after every size, so an interrupted bench keeps what it measured.
         summary = {"schema": 1, "kind": "tuner-bench", "workload": workload, "device": dev.to_dict(),
-                   "command": command, "read_bandwidth_Bps": bw, "gemm_flops": rate, "rows": rows}
+                   "command": command, "read_bandwidth_Bps": bw, "gemm_flops": rate, "rows": rows,
+                   "graphs": graphs}
         summary["network"] = network_figures(summary, workload)
         out.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
         # Every measurement of these sizes the storage holds, this run's and an earlier study's alike.
@@ -117,6 +118,8 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
         store = MeasurementStore(storage, writable=False)
         write_recording(rec_path, dev, store.records(dev, labels), command)
         store.close()
+    if graphs:
+        log("our chains and the CuPy chain timed inside CUDA graphs, as PyTorch's graph variants are")
     log(table(summary))
     if summary.get("network"):
         log(network_table(summary["network"], get_workload(workload).sweep_param))
@@ -236,5 +239,6 @@ def main(args) -> int:
     sizes = (wl.network_sizes(getattr(args, wl.sweep_param) or wl.sweep) if getattr(args, "network", False)
              else wl.requested_sizes(vars(args)))
     run_bench(args.workload, sizes, out, space, args.storage, strategy=args.strategy,
-              trials=args.trials, seed=args.seed or 0, compare=list(args.compare or []))
+              trials=args.trials, seed=args.seed or 0, compare=list(args.compare or []),
+              graphs=getattr(args, "graphs", False))
     return 0

@@ -181,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "holds costs no new trial); then the 3 fastest stream-sync and tile-sync chains are "
                         "timed again, with every baseline, in 5 interleaved rounds after idle")
     p.add_argument("--seed", type=_non_negative_int, default=0, metavar="N", help="strategy seed and random inputs")
+    p.add_argument("--graphs", action="store_true",
+                   help="time our finalists and the CuPy chain inside CUDA graphs, as PyTorch's graph variants "
+                        "are (the kernels then number their runs on the device); for chains of a few short "
+                        "kernels, where launches are much of the time")
     p.add_argument("--network", action="store_true",
                    help="every layer of the whole network (resnet38, vgg19) at each --batch, then the "
                         "multiplicity-weighted whole-network figure")

@@ -63,6 +63,7 @@ class Rendered:
     ws_floats: int  # split-K partial sums
     err_word: int
     tensor_maps: tuple[TensorMap, ...] = ()
+    device_epoch: bool = False  # the kernels number their runs (graph-replayable), ignoring the epoch argument
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -150,8 +151,11 @@ def a_rows(m: int, bm: int) -> int:
     return min(bm, -(-m // 8) * 8)
 
 
-def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
-    """Render ``config`` for ``chain``; the config is trusted to satisfy the space's constraints."""
+def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool = False) -> Rendered:
+    """Render ``config`` for ``chain``; the config is trusted to satisfy the space's constraints.
+
+    With ``device_epoch`` the kernels number their runs themselves (a counter per kernel in the
+    state) and ignore the epoch argument, so a CUDA graph can replay the chain as captured."""
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}")
     grids = config.grids(chain)
@@ -170,7 +174,8 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
                      A_ROWS=a_rows(st.m, tl.bm), OW=tl.bn // st.fold, epi=get_epilogue(st.epilogue),
                      a_arg=kind_of(st).a_arg(st),
                      order_m=order.m.c, order_n=order.n.c, order_s=order.s.c,
-                     wait=None, post=None, started=None, guard=None, ticket=None, ws_base=0, arrive_base=0, written_base=0)
+                     wait=None, post=None, started=None, guard=None, ticket=None, ws_base=0, arrive_base=0, written_base=0,
+                     run_counter=None, guard_counter=None)
         entry["staged"] = staged_epilogue(tl, entry["OW"])
         if tl.split_k > 1:
             entry["ws_base"] = ws
@@ -185,6 +190,8 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
                      TensorMap(len(maps) + 1, f"w{i}", st.n, st.k, tl.bn)]
         if config.dispatch == "ticket" and config.launch != "fused":
             entry["ticket"] = words.take(1)
+        elif device_epoch and config.launch != "fused":
+            entry["run_counter"] = words.take(1)
         stages.append(entry)
     if policy is not None:
         for i in range(1, len(grids)):
@@ -204,11 +211,13 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
                 started = words.take(1)
                 stages[i - 1]["started"] = started
                 stages[i]["guard"] = started
+                if device_epoch:
+                    stages[i]["guard_counter"] = words.take(1)
     fused_ticket = words.take(1) if config.launch == "fused" else 0
     total_blocks = sum(g.blocks for g in grids)
     threads = max(g.tiles.threads for g in grids)
     source = _env().get_template("chain.cu.j2").render(
-        label=chain.label, config_short=config.short(), stages=stages, launch=config.launch,
+        label=chain.label, config_short=config.short(), stages=stages, launch=config.launch, device_epoch=device_epoch,
         dispatch=config.dispatch, fault=fault, err_word=err_word, fused_ticket=fused_ticket,
         total_blocks=total_blocks, threads=threads,
         headers=_headers({t.bn // t.wn for t in config.tiles if t.warpgroup},
@@ -224,4 +233,4 @@ def render(chain: Chain, config: Config, fault: str = "none") -> Rendered:
             out.append(Launch(f"stage{i}_kernel", g.blocks, g.tiles.threads, _smem(g), stream))
         launches = tuple(out)
     digest = hashlib.sha256(source.encode()).hexdigest()
-    return Rendered(source, digest, launches, max(words.n, 1), max(ws, 1), err_word, tuple(maps))
+    return Rendered(source, digest, launches, max(words.n, 1), max(ws, 1), err_word, tuple(maps), device_epoch)

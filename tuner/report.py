@@ -57,6 +57,7 @@ def collect_series(workload: str, paths: Sequence[Path]) -> list[Series]:
                 continue
             if "size" not in row:  # summaries from before sizes were recorded: the sweep at default sizes
                 row = {**row, "size": {wl.sweep_param: row["tokens"], **wl.defaults}}
+            row = {**row, "graphs": bool(doc.get("graphs"))}
             by_label[row["label"]] = (row, str(path), doc.get("device", {}).get("name", "?"))
     series: dict[str, Series] = {}
     for label, (row, path, device) in by_label.items():
@@ -156,7 +157,7 @@ def write_report(workload: str, paths: Sequence[Path] | None = None, out_dir: Pa
             best = "-" if b is None else f"{b[1]:.1f} ({b[0]})"
             ratio = "-" if b is None else f"{b[1] / tuned:.2f}"
             lines.append(f"| {r['size'][wl.sweep_param]} | {tuned:.1f} ({r.get('tuned')}) | {stream} | {best} | "
-                         f"{ratio} | {r['floor_us']:.1f} | {tvs} | `{src}` |")
+                         f"{ratio} | {r['floor_us']:.1f} | {tvs} | `{src}`{' (in CUDA graphs)' if r['graphs'] else ''} |")
         lines.append("")
     page = out_dir / f"{wl.name}.md"
     page.write_text("\n".join(lines))

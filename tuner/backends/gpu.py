@@ -139,6 +139,7 @@ class Runner:
         self.tmaps = [tensormap.pack(rendered.tensor_maps, self.buffers(s)) if rendered.tensor_maps
                       else cp.zeros(1, dtype=cp.uint64) for s in range(len(problem.xs))]
         self.epoch = 0
+        self.graphs: list[Any] = []  # one captured run per input set, for time_graphs
         self.streams = [cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)]
         self.fork = cp.cuda.Event(disable_timing=True)
         self.join = cp.cuda.Event(disable_timing=True)
@@ -164,6 +165,32 @@ class Runner:
         """Enqueue one run of the chain on stream 0 (stream 1 forks from and joins into it)."""
         self.epoch += 1
         enqueue_launches(self.funcs, self.r.launches, self.args(s), *self.streams, self.fork, self.join)
+
+    def capture(self) -> None:
+        """Capture one run per input set into a CUDA graph (the source must number its runs on the
+        device: ``render(..., device_epoch=True)``), for :meth:`time_graphs`."""
+        if not self.r.device_epoch:
+            raise ValueError("a chain whose epoch is a kernel argument cannot be replayed from a graph")
+        s0 = self.streams[0]
+        self.graphs = []
+        for s in range(len(self.problem.xs)):
+            s0.begin_capture()
+            self.enqueue(s)
+            self.graphs.append(s0.end_capture())
+
+    def time_graphs(self, warmup: int, reps: int) -> list[float]:
+        """Per-run times in µs of graph replays, each bracketed by events, back to back."""
+        cp = _cp()
+        s0 = self.streams[0]
+        for i in range(warmup):
+            self.graphs[i % len(self.graphs)].launch(s0)
+        evs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
+        for i, (a, b) in enumerate(evs):
+            a.record(s0)
+            self.graphs[i % len(self.graphs)].launch(s0)
+            b.record(s0)
+        s0.synchronize()
+        return [cp.cuda.get_elapsed_time(a, b) * 1000.0 for a, b in evs]
 
     def error_flag(self) -> int:
         return int(self.state[self.r.err_word].get())
@@ -214,11 +241,13 @@ class GpuBackend(Backend):
             self._problems[chain.label] = Problem.allocate(chain, self._device.l2_bytes, self.seed)
         return self._problems[chain.label]
 
-    def load(self, chain: Chain, config: Config, fault: str = "none") -> tuple[Runner | None, Measurement]:
-        """Render, compile and load; on failure the Measurement says why (and the runner is None)."""
+    def load(self, chain: Chain, config: Config, fault: str = "none", device_epoch: bool = False
+             ) -> tuple[Runner | None, Measurement]:
+        """Render, compile and load; on failure the Measurement says why (and the runner is None).
+        ``device_epoch``: the source that numbers its runs on the device, for CUDA graphs."""
         from ..compile import CompileError, compile_source, target_arch
 
-        rendered = render(chain, config, fault)
+        rendered = render(chain, config, fault, device_epoch=device_epoch)
         base = dict(source_hash=rendered.hash)
         try:
             mod = compile_source(rendered.source, target_arch(self._device.arch), cache_dir=self.cache_dir,
@@ -269,12 +298,13 @@ class GpuBackend(Backend):
         return compile_ahead(targets, self._device.arch, self.cache_dir)
 
     def time_rounds(self, chain: Chain, configs: Sequence[Config], rounds: int,
-                    extra: dict[str, Any] | None = None, idle_s: float | None = None
+                    extra: dict[str, Any] | None = None, idle_s: float | None = None, graphs: bool = False
                     ) -> dict[Any, list[float] | str]:
         """Per config (and per name of ``extra``'s timers, ``timer(warmup, reps) -> µs list``), the
         median µs of each of ``rounds`` interleaved rounds, each timing after ``idle_s`` of idle.
         Configs are verified before and after (fresh inputs, poisoned outputs); one that fails
-        gets the reason instead of times."""
+        gets the reason instead of times. With ``graphs`` each config runs from CUDA graphs (its
+        source numbering its runs on the device), as a graph-captured baseline does."""
         import time
 
         idle = self.IDLE_S if idle_s is None else idle_s
@@ -282,13 +312,18 @@ class GpuBackend(Backend):
         timers: dict[Any, Any] = {}
         runners = {}
         for cfg in configs:
-            runner, m = self.load(chain, cfg)
+            runner, m = self.load(chain, cfg, device_epoch=True) if graphs else self.load(chain, cfg)
             why = m.message if runner is None else self.verify(chain, runner)[1]
+            if not why and graphs:
+                try:
+                    runner.capture()
+                except Exception as exc:  # noqa: BLE001 - a capture the driver refuses leaves the config out
+                    why = f"graph capture: {exc}"
             if why:
                 out[cfg] = why
                 continue
             runners[cfg] = runner
-            timers[cfg] = runner.time
+            timers[cfg] = runner.time_graphs if graphs else runner.time
         timers.update(extra or {})
         got: dict[Any, list[float]] = {k: [] for k in timers}
         for _ in range(rounds):
