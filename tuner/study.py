@@ -44,6 +44,7 @@ DEFAULT_TRIALS = {"staged": 400}
 
 Checker = Callable[[Chain, Config], "str | None"]
 CLAIM_GRACE_S = 60.0  # a worker silent this long is taken for dead: its claims go to the others
+PROGRESS_S = 30.0  # without a terminal (a log, a worker of --gpus), a progress line this often
 POLL_S = 0.2  # how often a worker looks for the trials of configs another worker is measuring
 
 
@@ -391,6 +392,7 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
         return Outcome(p, m.median_us if m.ok else None, None if m.ok else m.reason)
 
     phase_now = ""
+    next_line = time.monotonic() + PROGRESS_S
     try:
         while True:
             if deadline is not None and time.monotonic() >= deadline:
@@ -444,6 +446,11 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
                 else:
                     results[i] = measure(batch[i], got)
                 _show(bar, book.summary, tag, strat.phase())
+                if log is not None and (bar is None or bar.disable) and time.monotonic() >= next_line:
+                    next_line = time.monotonic() + PROGRESS_S
+                    best = book.summary.best_us
+                    log(f"{chain.label}: {outcome.measured}/{trials} trials, {strat.phase()}, "
+                        f"{time.monotonic() - t_start:.0f} s" + ("" if best is None else f", best {best:.2f} us{tag}"))
             while theirs and not stopped and outcome.measured < trials:
                 if deadline is not None and time.monotonic() >= deadline:
                     outcome.stop, stopped = "timeout", True
