@@ -127,7 +127,7 @@ def test_network_sizes_cover_every_layer_at_every_batch():
     from tuner.workloads import get_workload
 
     sizes = get_workload("vgg19").network_sizes((1, 4))
-    assert sizes == [{"batch": 1, "height": 28, "width": 28, "channels": 256},
-                     {"batch": 1, "height": 14, "width": 14, "channels": 512},
-                     {"batch": 4, "height": 28, "width": 28, "channels": 256},
-                     {"batch": 4, "height": 14, "width": 14, "channels": 512}]
+    layers = [{"height": 56, "width": 56, "channels": 128, "depth": 2},
+              {"height": 28, "width": 28, "channels": 256, "depth": 4},
+              {"height": 14, "width": 14, "channels": 512, "depth": 4}]
+    assert sizes == [{"batch": b, **layer} for b in (1, 4) for layer in layers]

@@ -146,8 +146,9 @@ def network_figures(summary: dict[str, Any], workload: str) -> list[dict[str, An
                 cols[name.removesuffix("_us")] = sum(n * r[name] for r, n in layers)
         for name in set.intersection(*(set(r["baselines_us"]) for r, _ in layers)):
             cols[name] = sum(n * r["baselines_us"][name] for r, n in layers)
+        mixed = len({r["size"].get("depth") for r, _ in layers}) > 1  # say each chain's depth where they differ
         formula = " + ".join(f"{n} x {'x'.join(str(r['size'][k]) for k in ('height', 'width', 'channels') if k in r['size'])}"
-                             for r, n in layers)
+                             + (f" ({r['size']['depth']} deep)" if mixed else "") for r, n in layers)
         out.append({wl.sweep_param: v, "us": {k: round(x, 2) for k, x in cols.items()}, "formula": formula})
     return out
 

@@ -145,12 +145,10 @@ def _llama_mlp(p: Mapping[str, int]) -> tuple[GemmStage, ...]:
     return (GemmStage("gemm1", m, 2 * f, h, "silu_mul"), GemmStage("gemm2", m, h, f, "none", a_from=0))
 
 
-def _conv_chain(depth: int) -> Callable[[Mapping[str, int]], tuple[ConvStage, ...]]:
+def _conv_chain(p: Mapping[str, int]) -> tuple[ConvStage, ...]:
     """``depth`` dependent 3x3 convolutions + ReLU at one resolution and channel count."""
-    def build(p: Mapping[str, int]) -> tuple[ConvStage, ...]:
-        size = (p["batch"], p["height"], p["width"], p["channels"], p["channels"])
-        return tuple(ConvStage(f"conv{i + 1}", *size, "relu", a_from=None if i == 0 else i - 1) for i in range(depth))
-    return build
+    size = (p["batch"], p["height"], p["width"], p["channels"], p["channels"])
+    return tuple(ConvStage(f"conv{i + 1}", *size, "relu", a_from=None if i == 0 else i - 1) for i in range(p["depth"]))
 
 
 _POW2_TOKENS = tuple(2 ** i for i in range(13))
@@ -159,14 +157,16 @@ _POW2_TOKENS = tuple(2 ** i for i in range(13))
 _MLP_SIZES = (SizeParam("tokens", "token counts (the GEMMs' M)"), SizeParam("hidden", "model widths", 8),
               SizeParam("ffn", "MLP widths (per GPU)", 8))
 
-def _layers(*layers: tuple[int, int, int]) -> tuple[tuple[Mapping[str, int], int], ...]:
-    """(square resolution, channels, multiplicity) per layer."""
-    return tuple(({"height": r, "width": r, "channels": c}, n) for r, c, n in layers)
+
+def _layers(*layers: tuple[int, int, int, int]) -> tuple[tuple[Mapping[str, int], int], ...]:
+    """(square resolution, channels, chain depth, multiplicity) per layer."""
+    return tuple(({"height": r, "width": r, "channels": c, "depth": d}, n) for r, c, d, n in layers)
 
 
 # Input channels are read in 16-byte pieces (8 halves) per pixel.
 _CONV_SIZES = (SizeParam("batch", "images per batch"), SizeParam("height", "image heights"),
-               SizeParam("width", "image widths"), SizeParam("channels", "channels (in and out)", 8))
+               SizeParam("width", "image widths"), SizeParam("channels", "channels (in and out)", 8),
+               SizeParam("depth", "dependent convolutions in the chain"))
 
 WORKLOADS: dict[str, Workload] = {
     "gpt3": Workload("gpt3", "GPT-3 175B MLP, 8-way tensor parallel: GEMM1+GeLU then GEMM2, fp16",
@@ -175,12 +175,13 @@ WORKLOADS: dict[str, Workload] = {
                       "tokens", _POW2_TOKENS, {"hidden": 8192, "ffn": 3584}, _llama_mlp, _MLP_SIZES),
     "resnet38": Workload("resnet38", "ResNet-38 basic block: two dependent 3x3 convolutions + ReLU, NHWC fp16 "
                          "(layers 56x56x64, 28x28x128, 14x14x256, 7x7x512)",
-                         "batch", (1, 4, 8, 16, 32), {"height": 14, "width": 14, "channels": 256}, _conv_chain(2),
-                         _CONV_SIZES, _layers((56, 64, 3), (28, 128, 4), (14, 256, 6), (7, 512, 3))),
+                         "batch", (1, 4, 8, 16, 32), {"height": 14, "width": 14, "channels": 256, "depth": 2},
+                         _conv_chain, _CONV_SIZES,
+                         _layers((56, 64, 2, 3), (28, 128, 2, 4), (14, 256, 2, 6), (7, 512, 2, 3))),
     "vgg19": Workload("vgg19", "VGG-19 block: four dependent 3x3 convolutions + ReLU, NHWC fp16 "
-                      "(layers 28x28x256, 14x14x512)",
-                      "batch", (1, 4, 8, 16, 32), {"height": 28, "width": 28, "channels": 256}, _conv_chain(4),
-                      _CONV_SIZES, _layers((28, 256, 1), (14, 512, 1))),
+                      "(layers 28x28x256, 14x14x512, and the 56x56x128 pair)",
+                      "batch", (1, 4, 8, 16, 32), {"height": 28, "width": 28, "channels": 256, "depth": 4},
+                      _conv_chain, _CONV_SIZES, _layers((56, 128, 2, 1), (28, 256, 4, 1), (14, 512, 4, 1))),
 }
 
 
