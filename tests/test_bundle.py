@@ -118,3 +118,16 @@ def test_the_cpp_launcher_and_example_compile_against_the_cuda_headers(bundle, t
                                str(bundle / "cpp" / src), "-o", str(tmp_path / (src + ".o"))],
                               capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
+
+
+def test_a_bundle_without_nvrtc_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    import tuner.compile
+    from tuner.cli import main
+
+    def missing():
+        raise tuner.compile.ToolchainMissing("NVRTC is not available (libnvrtc.so: cannot open shared object file)")
+
+    monkeypatch.setattr(tuner.compile, "toolkit_version", missing)
+    assert main(["export", "gpt3", "--format", "bundle", "--storage", f"sqlite:///{tmp_path / 'x.db'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "NVRTC" in err and ".[compile]" in err

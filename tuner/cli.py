@@ -360,7 +360,13 @@ def _cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
     wl = get_workload(args.workload)
     if args.format == "bundle":
         from .bundle import write_bundle  # noqa: PLC0415 - compiles with NVRTC
+        from .compile import ToolchainMissing, toolkit_version  # noqa: PLC0415
 
+        try:
+            toolkit_version()
+        except (ToolchainMissing, ImportError) as exc:
+            raise UsageError(f"a bundle holds cubins, built with NVRTC, which does not load here ({exc}); "
+                             "accepted: pip install -e '.[compile]'") from None
         path = write_bundle(args.storage, wl.name, args.output or Path("tuned") / f"{wl.name}-bundle")
     else:
         path = export(args.storage, wl.name, args.output, args.format, command="python -m tuner " + shlex.join(argv))
