@@ -78,10 +78,12 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def _index_list(text: str) -> tuple[int, ...]:
+def _index_list(text: str) -> tuple[int, ...] | str:
+    if text.strip() == "all":
+        return "all"
     parts = [p.strip() for p in text.split(",")]
     if not all(p.isdigit() for p in parts):
-        raise argparse.ArgumentTypeError(f"expected GPU indices separated by commas (e.g. 0,1), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected GPU indices separated by commas (e.g. 0,1) or all, got {text!r}")
     return tuple(int(p) for p in parts)
 
 
@@ -161,8 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on a GPU: seconds a trial may run before its worker process is killed and the trial "
                         "recorded as a timeout, plus 100 times the baseline's measured runs (default: 60)")
     p.add_argument("--gpus", type=_index_list, metavar="LIST",
-                   help="run one worker process per GPU (e.g. 0,1,2,3) on the same study; the same command on "
-                        "another host with the same --storage joins them")
+                   help="run one worker process per GPU (e.g. 0,1,2,3, or all) on the same study; the same "
+                        "command on another host with the same --storage joins them")
     p.add_argument("--claim-grace", type=_positive_float, metavar="S", default=None,
                    help="seconds after a worker's last heartbeat (every few seconds) before the others take over "
                         "what it was measuring (default: 60)")
@@ -247,9 +249,16 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
         from .backends import gpu_count  # noqa: PLC0415
         from .workers import check_gpus, run_workers, strip_option  # noqa: PLC0415
 
+        gpus = args.gpus
+        if gpus == "all":
+            count = gpu_count()
+            if not count:
+                raise UsageError("--gpus all: no CUDA device is visible here; accepted: GPU indices (e.g. 0,1), "
+                                 "or run on a GPU host")
+            gpus = tuple(range(count))
         # Replaying workers, or no GPU to count: nothing to check the indices against.
-        check_gpus(args.gpus, (gpu_count() or None) if args.backend != "replay" else None)
-        return run_workers(strip_option(argv, "--gpus"), args.gpus)
+        check_gpus(gpus, (gpu_count() or None) if args.backend != "replay" else None)
+        return run_workers(strip_option(argv, "--gpus"), gpus)
     spec = load_study_file(args.study_file) if args.study_file else default_study(wl.name)
     if spec.workload != wl.name:
         raise UsageError(f"{spec.source} tunes {spec.workload}, not {wl.name}; accepted: "
