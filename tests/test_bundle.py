@@ -131,3 +131,27 @@ def test_a_bundle_without_nvrtc_is_a_one_line_error(tmp_path, monkeypatch, capsy
     assert main(["export", "gpt3", "--format", "bundle", "--storage", f"sqlite:///{tmp_path / 'x.db'}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "NVRTC" in err and ".[compile]" in err
+
+
+def test_convolution_entries_take_nhwc_images_of_their_exact_size(tmp_path):
+    """A convolution bundle's entry is named by the images' size; no padding across sizes."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from tuner import compile as tc
+    from tuner.bundle import write_entry
+    from tuner.cases import coverage
+    from tuner.workloads import get_workload
+
+    try:
+        tc.toolkit_version()
+    except tc.ToolchainMissing:
+        pytest.skip("NVRTC is not installed (pip install -e '.[compile]')")
+    chain = get_workload("resnet38").chain(batch=2, height=14, width=14, channels=64)
+    entry = write_entry(tmp_path / "e", chain, coverage(chain)[0], {"name": "NVIDIA H200", "arch": "sm_90"})
+    rt = load(entry)
+    w = [FakeDeviceArray((64, 576)), FakeDeviceArray((64, 576))]
+    got, pad = rt.entry_for(FakeDeviceArray((2, 14, 14, 64)), w)
+    assert got["size"]["batch"] == 2 and not pad
+    with pytest.raises(RuntimeArgumentError, match="no tuned entry takes NHWC images 1x14x14x64"):
+        rt.entry_for(FakeDeviceArray((1, 14, 14, 64)), w)
+    with pytest.raises(RuntimeArgumentError, match="no tuned entry takes 196 rows"):
+        rt.entry_for(FakeDeviceArray((196, 64)), w)  # fewer pixels as a matrix: not padded for a convolution

@@ -226,3 +226,21 @@ def test_bench_times_graphs_of_our_chains_and_of_cupy(backend):
                               graphs=True)
     assert all(isinstance(got[c], list) for c in cfgs), got
     assert "cupy cublas graph" in got
+
+
+def test_the_runtime_runs_a_convolution_entry_on_nhwc_images(backend, tmp_path):
+    import cupy as cp
+
+    from tuner.backends.gpu import VERIFY_TOL, reference, rel_error
+    from tuner.bundle import write_entry
+    from tuner.runtime import load
+
+    chain = get_workload("resnet38").chain(**CONV_ODD)
+    cfg = next(c for c in coverage(chain) if c.policy == "tile" and c.launch == "fused")
+    rt = load(write_entry(tmp_path / "entry", chain, cfg, backend.device_info().to_dict()))
+    p = backend.problem(chain)
+    st = chain.stages[0]
+    images = p.xs[0].reshape(st.batch, st.height, st.width, st.c_in)
+    out = rt(images, *p.ws[0])
+    assert out.shape == (st.batch, st.height, st.width, chain.stages[-1].c_out)
+    assert rel_error(cp.ascontiguousarray(out).reshape(st.m, -1), reference(chain, p.xs[0], p.ws[0])) < VERIFY_TOL

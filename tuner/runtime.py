@@ -3,6 +3,8 @@
     import tuner.runtime
     mlp = tuner.runtime.load("tuned/gpt3-bundle")       # index.json of a bundle, or one entry's folder
     y = mlp(x, w1, w2)                                   # x [tokens, hidden], w1 [ffn, hidden], w2 [hidden, ffn]
+    block = tuner.runtime.load("tuned/resnet38-bundle")
+    y = block(images, w1, w2)                            # NHWC images [N, H, W, C]; weights [C_out, 3, 3, C_in]
 
 Inputs are taken as they are (``__cuda_array_interface__``: CuPy, PyTorch, Numba; no copies)
 and checked first: each argument's device residency, dtype (fp16), shape and C-contiguity, with
@@ -185,11 +187,24 @@ class Runtime:
         """The entry an input goes to, after checking every argument (no GPU work)."""
         xi = describe("x", x)
         ws = [describe(f"w{i}", w) for i, w in enumerate(weights)]
-        if len(xi.shape) != 2:
-            raise RuntimeArgumentError(f"x: a 2-d array [rows, features] is expected, got shape {xi.shape}")
+        image = None
+        if len(xi.shape) == 4:  # NHWC images, for a convolution chain: its size names the entry
+            n, h, w, c = xi.shape
+            image = {"batch": n, "height": h, "width": w, "channels": c}
+            xi = ArrayInfo((n * h * w, c), xi.typestr, xi.contiguous)
+        elif len(xi.shape) != 2:
+            raise RuntimeArgumentError(f"x: a 2-d array [rows, features] (or NHWC images [N, H, W, C]) is expected, "
+                                       f"got shape {xi.shape}")
         # The weights fix every size but the swept one: keep the entries whose weights they fit.
         fits = [m for m in self.manifests if [list(w.shape) for w in ws] ==
                 [m["buffers"][f"w{i}"] for i in range(len(ws))]] or self.manifests
+        if image is not None:
+            exact = [m for m in fits if all(m["size"].get(k) == v for k, v in image.items())]
+            if not exact:
+                have = sorted({"x".join(str(m["size"].get(k)) for k in image) for m in self.manifests})
+                raise RuntimeArgumentError(f"no tuned entry takes NHWC images {'x'.join(map(str, image.values()))}; "
+                                           f"the bundle has {', '.join(have)}")
+            fits = exact
         entry, pad = select(self.index, fits, xi.shape[0])
         check_args(entry, xi, ws, padded_rows=xi.shape[0] if pad else None)
         return entry, pad
@@ -210,11 +225,17 @@ class Runtime:
             stream = cp.cuda.get_current_stream()
         with stream:
             xs = cp.asarray(x)
+            images = xs.ndim == 4
+            if images:  # a view: NHWC is [pixels, channels] row-major
+                xs = xs.reshape(-1, xs.shape[-1])
+            rows = xs.shape[0]
             if pad:
                 full = cp.zeros(tuple(entry["buffers"]["x"]), dtype=cp.float16)
-                full[: xs.shape[0]] = xs
+                full[:rows] = xs
                 xs = full
-            out = chain.run(xs, [cp.asarray(w) for w in weights], stream)[: cp.asarray(x).shape[0]]
+            out = chain.run(xs, [cp.asarray(w) for w in weights], stream)[:rows]
+            if images:
+                out = out.reshape(*cp.asarray(x).shape[:3], -1)
         if torch_in:
             import torch  # noqa: PLC0415
 
