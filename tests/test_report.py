@@ -53,3 +53,19 @@ def test_a_file_that_is_not_a_bench_summary_is_one_line_error(tmp_path, capsys):
     assert main(["report", "gpt3", "--summary", str(bad), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not a bench summary of gpt3" in err
+
+
+def test_the_whole_network_figures_get_their_table(tmp_path):
+    p = tmp_path / "resnet38-net.bench.json"
+    rows = [{"label": "resnet38/batch=1,height=14,width=14,channels=256,depth=2",
+             "size": {"batch": 1, "height": 14, "width": 14, "channels": 256, "depth": 2}, "tuned_us": 20.0,
+             "tuned": "tile", "stream_us": 22.0, "tile_us": 20.0, "floor_us": 2.0, "baselines_us": {"torch graph": 25.0}}]
+    p.write_text(json.dumps({"kind": "tuner-bench", "workload": "resnet38", "device": {"name": "NVIDIA H200"},
+                             "graphs": True, "rows": rows,
+                             "network": [{"batch": 1, "us": {"tuned": 300.0, "stream": 330.0, "floor": 30.0,
+                                                             "torch graph": 375.0},
+                                          "formula": "3 x 56x56x64 + 4 x 28x28x128"}]}))
+    text = write_report("resnet38", [p], tmp_path / "out").read_text()
+    assert "| 1 | 300.0 | 330.0 | 375.0 | 1.25 | 30.0 | 3 x 56x56x64 + 4 x 28x28x128 | `resnet38-net.bench.json` " \
+           "(in CUDA graphs) |" in text
+    assert "(in CUDA graphs) |" in text.split("## Whole network")[0]

@@ -159,9 +159,33 @@ def write_report(workload: str, paths: Sequence[Path] | None = None, out_dir: Pa
             lines.append(f"| {r['size'][wl.sweep_param]} | {tuned:.1f} ({r.get('tuned')}) | {stream} | {best} | "
                          f"{ratio} | {r['floor_us']:.1f} | {tvs} | `{src}`{' (in CUDA graphs)' if r['graphs'] else ''} |")
         lines.append("")
+    lines += network_lines(wl.name, paths)
     page = out_dir / f"{wl.name}.md"
     page.write_text("\n".join(lines))
     return page
+
+
+def network_lines(workload: str, paths: Sequence[Path]) -> list[str]:
+    """The whole-network figures the summaries hold (``bench --network``), as a Markdown table."""
+    rows = []
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        for f in doc.get("network") or []:
+            rows.append((f, Path(path).name, bool(doc.get("graphs"))))
+    if not rows:
+        return []
+    sweep = get_workload(workload).sweep_param
+    out = ["## Whole network", "", "Each layer's chain time times its multiplicity, summed (µs; `bench --network`).", "",
+           f"| {sweep} | tuned | ours stream-sync | best PyTorch | best PyTorch / tuned | floor | sum of | source |",
+           "| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+    for f, name, graphs in rows:
+        us = f["us"]
+        torch_best = min((v for k, v in us.items() if k.startswith("torch")), default=None)
+        cell = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+        ratio = "-" if torch_best is None or not us.get("tuned") else f"{torch_best / us['tuned']:.2f}"
+        out.append(f"| {f[sweep]} | {cell(us.get('tuned'))} | {cell(us.get('stream'))} | {cell(torch_best)} | {ratio} | "
+                   f"{cell(us.get('floor'))} | {f['formula']} | `{name}`{' (in CUDA graphs)' if graphs else ''} |")
+    return out + [""]
 
 
 def main(args: Any) -> int:
