@@ -224,9 +224,7 @@ def test_bench_times_graphs_of_our_chains_and_of_cupy(backend):
     p = backend.problem(chain)
     got = backend.time_rounds(chain, cfgs, 2, extra=baseline_timers(chain, p.xs[0], p.ws[0], graphs=True),
                               graphs=True)
-    assert all(isinstance(got[c], list) for c in cfgs), got
-    # The CuPy chain is captured where CuPy's memory pool lets it allocate while capturing.
-    assert isinstance(got.get("cupy cublas graph", []), list)
+    assert all(isinstance(got[c], list) and len(got[c]) == 2 for c in cfgs), got
 
 
 def test_the_runtime_runs_a_convolution_entry_on_nhwc_images(backend, tmp_path):
