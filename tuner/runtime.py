@@ -38,6 +38,12 @@ class ArrayInfo:
     contiguous: bool
 
 
+def plain(a: Any) -> Any:
+    """A PyTorch tensor that requires grad (a module's weight) as the same memory without autograd,
+    which is what hands out ``__cuda_array_interface__``; anything else as it is."""
+    return a.detach() if getattr(a, "requires_grad", False) else a
+
+
 def describe(name: str, a: Any) -> ArrayInfo:
     """Shape, dtype and layout of a device array, or a one-line error saying what it is instead."""
     iface = getattr(a, "__cuda_array_interface__", None)
@@ -186,8 +192,8 @@ class Runtime:
 
     def entry_for(self, x: Any, weights: Sequence[Any]) -> tuple[dict[str, Any], bool]:
         """The entry an input goes to, after checking every argument (no GPU work)."""
-        xi = describe("x", x)
-        ws = [describe(f"w{i}", w) for i, w in enumerate(weights)]
+        xi = describe("x", plain(x))
+        ws = [describe(f"w{i}", plain(w)) for i, w in enumerate(weights)]
         image = None
         if len(xi.shape) == 4:  # NHWC images, for a convolution chain: its size names the entry
             n, h, w, c = xi.shape
@@ -213,6 +219,7 @@ class Runtime:
     def __call__(self, x: Any, *weights: Any) -> Any:
         import cupy as cp  # noqa: PLC0415
 
+        x, weights = plain(x), [plain(w) for w in weights]
         entry, pad = self.entry_for(x, weights)
         chain = self._loaded.get(entry["_folder"])
         if chain is None:
