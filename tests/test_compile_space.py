@@ -23,7 +23,10 @@ except tc.ToolchainMissing:  # pragma: no cover - the CI install has NVRTC
 
 H200 = DeviceInfo("NVIDIA H200")
 SIZES = {"gpt3": ({"tokens": 1}, {"tokens": 64}, {"tokens": 1000, "hidden": 1032, "ffn": 776}),
-         "llama": ({"tokens": 16}, {"tokens": 1000})}
+         "llama": ({"tokens": 16}, {"tokens": 1000}),
+         "resnet38": ({"batch": 3, "height": 30, "width": 30, "channels": 96}, {"batch": 1, "height": 7, "width": 7,
+                                                                                "channels": 512}),
+         "vgg19": ({"batch": 2},)}
 
 
 def variants(per_size: int, seed: int = 0):
@@ -74,7 +77,8 @@ def test_every_combination_and_a_sample_of_the_space_compile_without_spills(tmp_
     sources, results, seconds = compile_all(pairs, tmp_path)
     assert len(sources) >= 200, f"only {len(sources)} distinct variants"
     assert {(c.policy, c.order, c.dispatch, c.launch) for _, c in pairs} == set(combos())
-    assert {s.epilogue for ch, _ in pairs for s in ch.stages} == {"gelu", "silu_mul", "none"}
+    assert {s.epilogue for ch, _ in pairs for s in ch.stages} == {"gelu", "silu_mul", "none", "relu"}
+    assert {s.kind for ch, _ in pairs for s in ch.stages} == {"gemm", "conv"}
     assert {(t.cm, t.cn) for _, c in pairs for t in c.tiles} >= {(2, 1), (1, 2)}
     bad = problems(sources, results)
     with capsys.disabled():
