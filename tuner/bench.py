@@ -20,6 +20,7 @@ from statistics import median
 from typing import Any
 
 from .config import Config
+from .report import best_pytorch
 from .study import FINAL_PER_KIND, finalists, kind_of, run_study, study_name
 from . import UsageError
 from .workloads import Chain, get_workload
@@ -158,7 +159,7 @@ def network_table(figures: list[dict[str, Any]], sweep: str) -> str:
     lines = []
     for f in figures:
         us = f["us"]
-        torch_best = min((v for k, v in us.items() if k.startswith("torch")), default=None)
+        torch_best = best_pytorch(us)
         ratio = f", best PyTorch / tuned {torch_best / us['tuned']:.2f}" if torch_best and us.get("tuned") else ""
         cells = ", ".join(f"{k} {v:.1f}" for k, v in sorted(us.items()))
         lines.append(f"whole network, {sweep}={f[sweep]}: {cells} µs{ratio}  [sum of {f['formula']}]")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +50,8 @@ def manifest(chain: Any, config: Config, device: dict[str, Any], time_us: float 
         # rows are pixels of images of one size, which the input's shape alone does not tell.
         "pads_rows": all(st.kind == "gemm" for st in chain.stages),
         "state_words": rendered.state_words, "ws_floats": rendered.ws_floats, "err_word": rendered.err_word,
-        "launches": [{"kernel": l.kernel, "grid": l.grid, "threads": l.threads, "smem": l.smem, "stream": l.stream}
-                     for l in rendered.launches],
-        "tensor_maps": [{"slot": t.slot, "operand": t.operand, "rows": t.rows, "cols": t.cols, "box_rows": t.box_rows}
-                        for t in rendered.tensor_maps],
+        "launches": [asdict(l) for l in rendered.launches],  # read back as render.Launch, TensorMap
+        "tensor_maps": [asdict(t) for t in rendered.tensor_maps],
         "files": {"source": "chain.cu", "cubin": "chain.cubin"},
     }
 

@@ -334,22 +334,27 @@ def _cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     return _delegate("bench", args)
 
 
-def _cmd_compile(args: argparse.Namespace, argv: list[str]) -> int:
-    get_workload(args.workload)
+def _require_nvrtc(what: str) -> None:
+    """Refuse, in one line, a command that compiles where NVRTC is missing or does not load."""
     try:
         importlib.import_module("cuda.bindings.nvrtc")
     except ImportError:
-        raise UsageError("compile needs NVRTC (cuda-bindings and nvidia-cuda-nvrtc), which is not installed; "
+        raise UsageError(f"{what} needs NVRTC (cuda-bindings and nvidia-cuda-nvrtc), which is not installed; "
                          "accepted: pip install -e '.[compile]'") from None
     try:
         from .compile import ToolchainMissing, toolkit_version  # noqa: PLC0415
     except ImportError:
-        pass  # _delegate says what is missing
-    else:
-        try:
-            toolkit_version()  # the bindings may import while NVRTC itself does not load: say so before any work
-        except ToolchainMissing as exc:
-            raise UsageError(f"compile needs NVRTC, which does not load here: {exc}") from None
+        return  # _delegate says what is missing
+    try:
+        toolkit_version()  # the bindings may import while NVRTC itself does not load: say so before any work
+    except ToolchainMissing as exc:
+        raise UsageError(f"{what} needs NVRTC, which does not load here ({exc}); "
+                         "accepted: pip install -e '.[compile]'") from None
+
+
+def _cmd_compile(args: argparse.Namespace, argv: list[str]) -> int:
+    get_workload(args.workload)
+    _require_nvrtc("compile")
     return _delegate("compile", args)
 
 
@@ -368,14 +373,9 @@ def _cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
 
     wl = get_workload(args.workload)
     if args.format == "bundle":
+        _require_nvrtc("a bundle (its cubins)")
         from .bundle import write_bundle  # noqa: PLC0415 - compiles with NVRTC
-        from .compile import ToolchainMissing, toolkit_version  # noqa: PLC0415
 
-        try:
-            toolkit_version()
-        except (ToolchainMissing, ImportError) as exc:
-            raise UsageError(f"a bundle holds cubins, built with NVRTC, which does not load here ({exc}); "
-                             "accepted: pip install -e '.[compile]'") from None
         path = write_bundle(args.storage, wl.name, args.output or Path("tuned") / f"{wl.name}-bundle")
     else:
         path = export(args.storage, wl.name, args.output, args.format, command="python -m tuner " + shlex.join(argv))

@@ -70,6 +70,11 @@ def collect_series(workload: str, paths: Sequence[Path]) -> list[Series]:
     return list(series.values())
 
 
+def best_pytorch(us: dict[str, float]) -> float | None:
+    """The fastest of the PyTorch variants among named times, or None when none ran."""
+    return min((v for k, v in us.items() if k.startswith("torch")), default=None)
+
+
 def _best_baseline(row: dict[str, Any]) -> tuple[str, float] | None:
     base = row.get("baselines_us") or {}
     return min(base.items(), key=lambda kv: kv[1]) if base else None
@@ -180,7 +185,7 @@ def network_lines(workload: str, paths: Sequence[Path]) -> list[str]:
            "| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for f, name, graphs in rows:
         us = f["us"]
-        torch_best = min((v for k, v in us.items() if k.startswith("torch")), default=None)
+        torch_best = best_pytorch(us)
         cell = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
         ratio = "-" if torch_best is None or not us.get("tuned") else f"{torch_best / us['tuned']:.2f}"
         out.append(f"| {f[sweep]} | {cell(us.get('tuned'))} | {cell(us.get('stream'))} | {cell(torch_best)} | {ratio} | "

@@ -115,18 +115,14 @@ class TunedChain:
     def __init__(self, folder: Path):
         import cupy as cp  # noqa: PLC0415 - a GPU host
 
+        from .backends.gpu import load_functions  # noqa: PLC0415
         from .render import Launch  # noqa: PLC0415
 
         self.folder = folder
         self.entry = json.loads((folder / "manifest.json").read_text())
         self.module = cp.RawModule(path=str(folder / self.entry["files"]["cubin"]))
         self.launches = [Launch(**l) for l in self.entry["launches"]]
-        self.funcs = {}
-        for launch in self.entry["launches"]:
-            f = self.module.get_function(launch["kernel"])
-            if launch["smem"] > 48 * 1024:
-                f.max_dynamic_shared_size_bytes = launch["smem"]
-            self.funcs[launch["kernel"]] = f
+        self.funcs = load_functions(self.module, self.launches)
         self.state = cp.zeros(self.entry["state_words"], dtype=cp.uint32)  # zeroed once, never reset
         self.ws = cp.empty(self.entry["ws_floats"], dtype=cp.float32)
         bufs = self.entry["buffers"]

@@ -391,6 +391,10 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
             bar.update(1)
         return Outcome(p, m.median_us if m.ok else None, None if m.ok else m.reason)
 
+    def so_far() -> str:
+        best = book.summary.best_us
+        return f"{time.monotonic() - t_start:.0f} s" + ("" if best is None else f", best {best:.2f} us{tag}")
+
     phase_now = ""
     next_line = time.monotonic() + PROGRESS_S
     try:
@@ -407,9 +411,7 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
             if strat.phase() != phase_now:
                 phase_now = strat.phase()
                 if log is not None:  # the bar is drawn on a terminal only; a log still shows the phases
-                    best = book.summary.best_us
-                    log(f"{chain.label}: {phase_now} after {outcome.measured} trials, "
-                        f"{time.monotonic() - t_start:.0f} s" + ("" if best is None else f", best {best:.2f} us{tag}"))
+                    log(f"{chain.label}: {phase_now} after {outcome.measured} trials, {so_far()}")
             results: dict[int, Outcome] = {}
             new: list[int] = []
             for i, p in enumerate(batch):
@@ -448,9 +450,7 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
                 _show(bar, book.summary, tag, strat.phase())
                 if log is not None and (bar is None or bar.disable) and time.monotonic() >= next_line:
                     next_line = time.monotonic() + PROGRESS_S
-                    best = book.summary.best_us
-                    log(f"{chain.label}: {outcome.measured}/{trials} trials, {strat.phase()}, "
-                        f"{time.monotonic() - t_start:.0f} s" + ("" if best is None else f", best {best:.2f} us{tag}"))
+                    log(f"{chain.label}: {outcome.measured}/{trials} trials, {strat.phase()}, {so_far()}")
             while theirs and not stopped and outcome.measured < trials:
                 if deadline is not None and time.monotonic() >= deadline:
                     outcome.stop, stopped = "timeout", True

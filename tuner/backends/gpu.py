@@ -10,7 +10,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from statistics import median
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ..epilogues import get_epilogue
 from ..stages import kind_of
@@ -105,6 +105,18 @@ def rel_error(out, ref) -> float:
     return float(cp.linalg.norm(o - ref) / max(float(cp.linalg.norm(ref)), 1e-30))
 
 
+def load_functions(module: Any, launches: Sequence[Launch]) -> dict[str, Any]:
+    """The kernels of ``launches`` from a loaded CuPy module, each allowed the dynamic shared
+    memory its launch asks for (past 48 KiB a kernel must opt in)."""
+    funcs = {}
+    for l in launches:
+        f = module.get_function(l.kernel)
+        if l.smem > 48 * 1024:
+            f.max_dynamic_shared_size_bytes = l.smem
+        funcs[l.kernel] = f
+    return funcs
+
+
 def enqueue_launches(funcs: dict[str, Any], launches: Sequence[Launch], args: tuple, stream: Any, side: Any,
                      fork: Any, join: Any) -> None:
     """Enqueue a chain's launches with ``args`` on ``stream``; those of stream 1 go to ``side``,
@@ -129,12 +141,7 @@ class Runner:
         self.problem = problem
         self.state = cp.zeros(rendered.state_words, dtype=cp.uint32)  # zeroed once, never reset
         self.wsbuf = cp.empty(rendered.ws_floats, dtype=cp.float32)
-        self.funcs = {}
-        for l in rendered.launches:
-            f = module.get_function(l.kernel)
-            if l.smem > 48 * 1024:
-                f.max_dynamic_shared_size_bytes = l.smem
-            self.funcs[l.kernel] = f
+        self.funcs = load_functions(module, rendered.launches)
         # TMA descriptors name buffers, so each input set has its own (a null array when unused).
         self.tmaps = [tensormap.pack(rendered.tensor_maps, self.buffers(s)) if rendered.tensor_maps
                       else cp.zeros(1, dtype=cp.uint64) for s in range(len(problem.xs))]
@@ -180,35 +187,31 @@ class Runner:
 
     def time_graphs(self, warmup: int, reps: int) -> list[float]:
         """Per-run times in µs of graph replays, each bracketed by events, back to back."""
-        cp = _cp()
         s0 = self.streams[0]
-        for i in range(warmup):
-            self.graphs[i % len(self.graphs)].launch(s0)
-        evs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
-        for i, (a, b) in enumerate(evs):
-            a.record(s0)
-            self.graphs[i % len(self.graphs)].launch(s0)
-            b.record(s0)
-        s0.synchronize()
-        return [cp.cuda.get_elapsed_time(a, b) * 1000.0 for a, b in evs]
+        return _time_runs(lambda i: self.graphs[i % len(self.graphs)].launch(s0), s0, warmup, reps)
 
     def error_flag(self) -> int:
         return int(self.state[self.r.err_word].get())
 
     def time(self, warmup: int, reps: int) -> list[float]:
         """Per-run times in µs, each run bracketed by events; runs are queued back to back."""
-        cp = _cp()
-        s0 = self.streams[0]
         sets = len(self.problem.xs)
-        for i in range(warmup):
-            self.enqueue(i % sets)
-        evs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
-        for i, (a, b) in enumerate(evs):
-            a.record(s0)
-            self.enqueue(i % sets)
-            b.record(s0)
-        s0.synchronize()
-        return [cp.cuda.get_elapsed_time(a, b) * 1000.0 for a, b in evs]
+        return _time_runs(lambda i: self.enqueue(i % sets), self.streams[0], warmup, reps)
+
+
+def _time_runs(run: Callable[[int], Any], stream: Any, warmup: int, reps: int) -> list[float]:
+    """``run(i)`` for i below ``warmup``, then again for i below ``reps``, each timed between two
+    events on ``stream``, all queued back to back; µs per timed run."""
+    cp = _cp()
+    for i in range(warmup):
+        run(i)
+    evs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
+    for i, (a, b) in enumerate(evs):
+        a.record(stream)
+        run(i)
+        b.record(stream)
+    stream.synchronize()
+    return [cp.cuda.get_elapsed_time(a, b) * 1000.0 for a, b in evs]
 
 
 class GpuBackend(Backend):
