@@ -463,7 +463,11 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
                 for i in theirs:
                     held = board.holder(*claim_key(batch[i]))
                     if held is not None and held[1] and known(batch[i]) is None:
-                        board.forget_done(*claim_key(batch[i]))  # done, yet no such trial: the study was made anew
+                        # A claim is marked done only after its trial is written, so the trial may have
+                        # landed since the refresh above: read again before calling the claim stale.
+                        book_of(batch[i]).refresh()
+                        if known(batch[i]) is None:
+                            board.forget_done(*claim_key(batch[i]))  # done, no such trial: the study was made anew
                     got = known(batch[i]) or claim(batch[i])  # a dead worker's claim goes to the next who asks
                     if isinstance(got, Outcome):
                         results[i] = got

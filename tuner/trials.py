@@ -184,16 +184,11 @@ class TrialBook:
 
     @property
     def scope(self) -> str:
-        """The claims' scope: the study's name and a token made with the study, so a study deleted and
-        made again under the same name claims afresh."""
-        if not hasattr(self, "_scope"):
-            import uuid  # noqa: PLC0415
-
-            if "claims" not in self.study.user_attrs:
-                self.study.set_user_attr("claims", uuid.uuid4().hex[:12])
-            # Read back: of two workers making the study at once, both use the token that stayed.
-            self._scope = f"{self.name}#{self.study.user_attrs['claims']}"
-        return self._scope
+        """The claims' scope: the study's name and its id in the storage, which every worker reads the
+        same and which a study deleted and made again under the same name gets anew. (A token written
+        by whichever worker made the study raced: two workers starting together could each write and
+        read back their own, and claim the same configs in two scopes.)"""
+        return f"{self.name}#{self.study._study_id}"
 
     def refresh(self) -> None:
         """Take in the trials written since this book last looked (by this worker or another)."""
