@@ -87,6 +87,7 @@ def test_every_combination_and_a_sample_of_the_space_compile_without_spills(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_a_large_sample_of_the_space_compiles_without_spills(tmp_path, capsys):
     """Nightly: python -m pytest -m slow tests/test_compile_space.py"""
     pairs = list(variants(per_size=400, seed=1))

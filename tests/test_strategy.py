@@ -27,6 +27,7 @@ CASES = [("gpt3", 256, "gpt3.staged.measurements.json"), ("llama", 320, "llama.m
 # 122.8 (studies/README.md). A fair replay needs a recording that holds a uniform sample of the
 # whole space as well.
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 @pytest.mark.xfail(strict=True, reason="the recordings hold only good chains: random and TPE draw among them")
 @pytest.mark.parametrize("workload,tokens,recording", CASES)
 def test_staged_needs_at_most_a_third_of_random_searchs_trials(workload, tokens, recording, fast_dir, capsys):

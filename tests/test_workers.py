@@ -144,6 +144,7 @@ def test_bad_gpu_lists_are_one_line_errors(gpus, error):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_two_study_commands_a_few_seconds_apart_twenty_times_in_a_row(fast_dir):
     for attempt in range(20):
         url = f"sqlite:///{fast_dir / f'twenty-{attempt}.db'}"

@@ -10,6 +10,8 @@ the single timings, give the study's best.
 from __future__ import annotations
 
 import math
+import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
@@ -145,6 +147,10 @@ def measurement_attrs(m: Measurement) -> dict[str, Any]:
             "times_us": list(m.times_us), "replayed": m.replayed}
 
 
+_TOKEN = "claims_token"
+TOKEN_WAIT_S = 10.0  # how long a worker waits for the study's maker to write the claims' token
+
+
 class TrialBook:
     """One Optuna study in the storage: what it has decided, and the writing of new trials."""
 
@@ -155,11 +161,18 @@ class TrialBook:
 
         self.name = name
         self.n_stages = n_stages
-        self.study = optuna.create_study(study_name=name, storage=rdb, direction="minimize",
-                                         sampler=optuna.samplers.RandomSampler(), load_if_exists=True)
+        sampler = optuna.samplers.RandomSampler()
+        try:
+            self.study = optuna.create_study(study_name=name, storage=rdb, direction="minimize", sampler=sampler)
+            # Only the worker that made the study gets here (the storage refuses a second study of
+            # the name), so this token is the one every worker reads.
+            self.study.set_user_attr(_TOKEN, uuid.uuid4().hex)
+        except optuna.exceptions.DuplicatedStudyError:
+            self.study = optuna.load_study(study_name=name, storage=rdb, sampler=sampler)
         for key, value in attrs.items():
             if self.study.user_attrs.get(key) != value:
                 self.study.set_user_attr(key, value)
+        self._scope: str | None = None
         self.dists = {k: CategoricalDistribution(v) for k, v in domains.items()}
         self.known: dict[Config, tuple[float | None, str | None]] = {}
         self.finals: set[tuple[Config | None, Any]] = set()
@@ -184,11 +197,19 @@ class TrialBook:
 
     @property
     def scope(self) -> str:
-        """The claims' scope: the study's name and its id in the storage, which every worker reads the
-        same and which a study deleted and made again under the same name gets anew. (A token written
-        by whichever worker made the study raced: two workers starting together could each write and
-        read back their own, and claim the same configs in two scopes.)"""
-        return f"{self.name}#{self.study._study_id}"
+        """The claims' scope: the study's name and the token its maker wrote, which every worker reads
+        the same and which a study deleted and made again under the same name gets anew. (The
+        study's id alone is not enough: SQLite hands a deleted study's id to the next one, whose
+        workers would then find the old study's claims and budget slots all taken.)"""
+        if self._scope is None:
+            deadline = time.monotonic() + TOKEN_WAIT_S
+            token = self.study.user_attrs.get(_TOKEN)
+            while token is None and time.monotonic() < deadline:  # its maker writes it just after the study
+                time.sleep(0.05)
+                token = self.study.user_attrs.get(_TOKEN)
+            # A study made by a version without tokens: its id is the one thing all workers share.
+            self._scope = f"{self.name}#{token or self.study._study_id}"
+        return self._scope
 
     def refresh(self) -> None:
         """Take in the trials written since this book last looked (by this worker or another)."""
