@@ -26,7 +26,9 @@ SIZES = {"gpt3": ({"tokens": 1}, {"tokens": 64}, {"tokens": 1000, "hidden": 1032
          "llama": ({"tokens": 16}, {"tokens": 1000}),
          "resnet38": ({"batch": 3, "height": 30, "width": 30, "channels": 96}, {"batch": 1, "height": 7, "width": 7,
                                                                                 "channels": 512}),
-         "vgg19": ({"batch": 2},)}
+         "vgg19": ({"batch": 2},),
+         "gpt3-attn": ({"tokens": 4},),  # decode on the default cache of 1024
+         "llama-attn": ({"tokens": 1000, "cache": 0},)}  # a prompt of an odd size
 
 
 def variants(per_size: int, seed: int = 0):
@@ -78,7 +80,7 @@ def test_every_combination_and_a_sample_of_the_space_compile_without_spills(tmp_
     assert len(sources) >= 200, f"only {len(sources)} distinct variants"
     assert {(c.policy, c.order, c.dispatch, c.launch) for _, c in pairs} == set(combos())
     assert {s.epilogue for ch, _ in pairs for s in ch.stages} == {"gelu", "silu_mul", "none", "relu"}
-    assert {s.kind for ch, _ in pairs for s in ch.stages} == {"gemm", "conv"}
+    assert {s.kind for ch, _ in pairs for s in ch.stages} == {"gemm", "conv", "attention"}
     assert {(t.cm, t.cn) for _, c in pairs for t in c.tiles} >= {(2, 1), (1, 2)}
     bad = problems(sources, results)
     with capsys.disabled():

@@ -243,3 +243,52 @@ def test_the_runtime_runs_a_convolution_entry_on_nhwc_images(backend, tmp_path):
     out = rt(images, *p.ws[0])
     assert out.shape == (st.batch, st.height, st.width, chain.stages[-1].c_out)
     assert rel_error(cp.ascontiguousarray(out).reshape(st.m, -1), reference(chain, p.xs[0], p.ws[0])) < VERIFY_TOL
+
+
+# Attention layers: decode (a few tokens on a cache, split over the keys on every other config),
+# prompts, and odd sizes (3 tokens on a cache of 1500; 1000 tokens).
+ATTN_CASES = [("gpt3-attn", dict(tokens=1)), ("gpt3-attn", dict(tokens=4)), ("gpt3-attn", dict(tokens=16, cache=2048)),
+              ("gpt3-attn", dict(tokens=512, cache=0)), ("gpt3-attn", dict(tokens=1000, cache=0)),
+              ("llama-attn", dict(tokens=1)), ("llama-attn", dict(tokens=16, cache=2048)),
+              ("llama-attn", dict(tokens=3, cache=1500)), ("llama-attn", dict(tokens=1024, cache=0))]
+
+
+@pytest.mark.parametrize("workload,size", ATTN_CASES,
+                         ids=lambda s: s if isinstance(s, str) else ",".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.parametrize("mma", ["sync", "wgmma"])
+def test_every_combination_is_correct_for_attention(backend, workload, size, mma):
+    """Each sync choice of an attention layer (softmax and causal mask included) against the float32 reference."""
+    from tuner.paths import home
+    from tuner.space import load_space
+
+    chain = get_workload(workload).chain(**size)
+    fs = load_space(home() / "search_spaces" / f"{workload}.toml").feasible(chain, backend.device_info())
+    # A fused launch needs one thread count in every stage, and an attention tile has a warp per
+    # 16 queries: at a few tokens the space has none, so the fused configs are left out there.
+    cfgs = [c for c in coverage(chain, mma) if fs.contains(c) is None]
+    assert {c.launch for c in cfgs} >= {"serial", "two_stream"}
+    failures = []
+    for cfg in cfgs:
+        m = backend.measure(chain, cfg)
+        if not m.ok:
+            failures.append(f"{cfg.short()}: {m.reason}: {m.message}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("workload,size", [("gpt3-attn", dict(tokens=4)), ("llama-attn", dict(tokens=3, cache=1500)),
+                                           ("gpt3-attn", dict(tokens=512, cache=0))],
+                         ids=lambda s: s if isinstance(s, str) else ",".join(f"{k}={v}" for k, v in s.items()))
+def test_the_attention_baselines_compute_the_layer_they_are_timed_as(backend, workload, size):
+    """The CuPy user's attention and PyTorch's (SDPA) against the float32 reference."""
+    from tuner.backends.gpu import VERIFY_TOL, reference, rel_error
+    from tuner.baselines import cupy_chain, torch_chains
+
+    chain = get_workload(workload).chain(**size)
+    p = backend.problem(chain)
+    ref = reference(chain, p.xs[0], p.ws[0])
+    assert rel_error(cupy_chain(chain, p.xs[0], p.ws[0])(), ref) < VERIFY_TOL
+    eager = torch_chains(chain, p.xs[0], p.ws[0]).get("torch eager")
+    if eager is not None:
+        import cupy as cp
+
+        assert rel_error(cp.asarray(eager()), ref) < VERIFY_TOL

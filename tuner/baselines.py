@@ -108,8 +108,8 @@ def torch_chains(chain: Chain, x, ws) -> dict[str, Callable[[], Any]]:
 
     def eager():
         h = tx
-        for k, e, w in zip(kinds, epis, tw):
-            h = e.torch(F, k.torch_stage(F, h, w))
+        for k, st, e, w in zip(kinds, stages, epis, tw):
+            h = e.torch(F, k.torch_stage(F, h, w, st))
         return kinds[-1].torch_output(h, stages[-1])
 
     variants: dict[str, Callable[[], Any]] = {"torch eager": eager, "torch graph": eager}

@@ -23,6 +23,7 @@ from typing import Any
 from . import UsageError
 from .config import Config
 from .render import render
+from .stages import kind_of
 from .workloads import get_workload
 
 BUNDLE_SCHEMA = 1
@@ -39,7 +40,7 @@ def manifest(chain: Any, config: Config, device: dict[str, Any], time_us: float 
     """How to run one tuned chain (see the module docstring for the kernels' arguments)."""
     buffers = {"x": list(chain.stages[0].a_shape)}
     for i, st in enumerate(chain.stages):
-        buffers[f"w{i}"] = [st.n, st.k]
+        buffers[f"w{i}"] = list(kind_of(st).b_operand(st)[0])  # the weights (an attention stage: its KV cache)
         buffers[f"y{i}"] = [st.m, st.n_out]
     return {
         "schema": BUNDLE_SCHEMA, "label": chain.label, "workload": chain.workload, "size": chain.size_dict,

@@ -23,20 +23,27 @@ def combos() -> list[tuple[str, str, str, str]]:
 def tiles_for(chain: Chain, split: tuple[int, int] = (1, 1), mma: str = "sync") -> tuple[StageTiles, ...]:
     """A reasonable tiling for the chain's M: short tiles at small M; the first stage gets
     ``split[0]``, every later one ``split[1]``. A convolution's chunk holds one tap, so its BK
-    is 32 on mma.sync (channels are a multiple of 32 in the tests) and 64 on wgmma."""
+    is 32 on mma.sync (channels are a multiple of 32 in the tests) and 64 on wgmma. An attention
+    stage's tile is one head of 16 queries (64 past 64 tokens) on mma.sync, whatever ``mma``."""
     m = chain.stages[0].m
     n = len(chain.stages)
     splits = (split[0], *([split[1]] * (n - 1)))
-    bn = 64 if min(st.n for st in chain.stages) <= 64 else 128  # no wider than the narrowest stage needs
+    gemms = [st for st in chain.stages if st.kind != "attention"]
+    bn = 64 if min(st.n for st in gemms) <= 64 else 128  # no wider than the narrowest stage needs
     if mma != "sync":
         wm = 1 if m <= 64 else 2
-        return tuple(StageTiles(64 * wm, bn, 64, wm, 1, 4, s, mma) for s in splits)
-    conv = any(st.kind == "conv" for st in chain.stages)
-    if m <= 16 and not conv:
-        return tuple(StageTiles(16, bn, 64, 1, 4, 4, s) for s in splits)
-    if m <= 64:
-        return tuple(StageTiles(64, bn, 32, 2, 2, 4, s) for s in splits)
-    return (StageTiles(128, bn, 32, 2, 2, 4, splits[0]), *(StageTiles(64, bn, 32, 2, 2, 4, s) for s in splits[1:]))
+        out = [StageTiles(64 * wm, bn, 64, wm, 1, 4, s, mma) for s in splits]
+    elif m <= 16 and not any(st.kind == "conv" for st in chain.stages):
+        out = [StageTiles(16, bn, 64, 1, 4, 4, s) for s in splits]
+    elif m <= 64:
+        out = [StageTiles(64, bn, 32, 2, 2, 4, s) for s in splits]
+    else:
+        out = [StageTiles(128, bn, 32, 2, 2, 4, splits[0]), *(StageTiles(64, bn, 32, 2, 2, 4, s) for s in splits[1:])]
+    for i, st in enumerate(chain.stages):
+        if st.kind == "attention":
+            bm = 16 if m <= 64 else 64
+            out[i] = StageTiles(bm, st.head_dim, 64, bm // 16, 1, 2, splits[i])
+    return tuple(out)
 
 
 def coverage(chain: Chain, mma: str = "sync") -> list[Config]:
@@ -44,7 +51,12 @@ def coverage(chain: Chain, mma: str = "sync") -> list[Config]:
     out = []
     for i, (p, o, d, l) in enumerate(combos()):
         split = (2, 2) if i % 3 == 1 else (1, 1)
-        out.append(Config(tiles_for(chain, split, mma), p, o, d, l))
+        tiles = tiles_for(chain, split, mma)
+        if l == "fused":  # one thread count for every stage: an attention tile of as many warps
+            warps = max(t.warps for t in tiles)
+            tiles = tuple(replace(t, bm=16 * warps, wm=warps) if st.kind == "attention" else t
+                          for st, t in zip(chain.stages, tiles))
+        out.append(Config(tiles, p, o, d, l))
     return out
 
 

@@ -169,6 +169,18 @@ def _tile(grid: StageGrid, m: int, n: int | str, s: int | None = None) -> str:
     return f"{grid.stage.name} tile (m={m}, n={n}{split})"
 
 
+def wait_columns(consumer: StageGrid) -> int:
+    """How many tile columns of the consumer wait differently: all of them where its kind's reads
+    depend on the tile's column (``PER_COLUMN``), else one. A consumer **wait row** ``cr`` is then
+    tile row ``cr // wait_columns`` and, where they differ, column ``cr % wait_columns``."""
+    return consumer.nt if kind_of(consumer.stage).PER_COLUMN else 1
+
+
+def _wait_row_tile(consumer: StageGrid, cr: int, s: int | None = None) -> str:
+    nc = wait_columns(consumer)
+    return _tile(consumer, cr // nc, cr % nc, s)
+
+
 # ---------------------------------------------------------------------------
 # Tile orders
 
@@ -218,8 +230,9 @@ class PairModel:
 
     ``post[m1, n1]`` is the semaphore producer tile ``(m1, n1)`` posts to and ``posts[S]``
     how many tiles post to ``S`` per run. The waits are flat arrays in consumer chunk
-    order: consumer tile row ``m2``, chunk ``kc`` (its split is ``kc // ks``), producer
-    row ``r``, semaphore ``sem`` and per-run count ``count``.
+    order: consumer wait row ``m2`` (its tile row, and its column where the waits depend on
+    it: see :func:`wait_columns`), chunk ``kc`` (its split is ``kc // ks``), producer row ``r``,
+    semaphore ``sem`` and per-run count ``count``.
     """
 
     producer: StageGrid
@@ -235,9 +248,11 @@ class PairModel:
     error: str | None = None  # a formula misbehaved before the waits could be listed
 
     def classes(self) -> list[list[tuple[int, int, int, int]]]:
-        """Per consumer class ``m2 * splits + s``: its waits ``(sem, count, kc, r)`` in order, repeats dropped."""
+        """Per consumer class ``m2 * splits + s`` (``m2`` a wait row): its waits ``(sem, count, kc, r)`` in
+        order, repeats dropped."""
         splits = self.consumer.tiles.split_k
-        out: list[list[tuple[int, int, int, int]]] = [[] for _ in range(self.consumer.mt * splits)]
+        rows = self.consumer.mt * wait_columns(self.consumer)
+        out: list[list[tuple[int, int, int, int]]] = [[] for _ in range(rows * splits)]
         cls = self.m2 * splits + self.kc // self.consumer.ks
         seen: set[tuple[int, int, int]] = set()
         for c, s, v, k, r in zip(cls.tolist(), self.sem.tolist(), self.count.tolist(), self.kc.tolist(),
@@ -250,8 +265,9 @@ class PairModel:
 
 @lru_cache(maxsize=64)
 def pair_model(producer: StageGrid, consumer: StageGrid, policy: SyncPolicy) -> PairModel:
-    """Evaluate ``policy`` for every producer tile and every consumer (row, chunk, producer row)."""
-    policy = policy_for(policy, consumer)
+    """Evaluate ``policy`` for every producer tile and every consumer (wait row, chunk, region,
+    producer row, producer column)."""
+    regions = policy_for(policy, consumer)
     env = pair_env(producer, consumer)
     empty = np.zeros(0, dtype=np.int64)
 
@@ -259,9 +275,10 @@ def pair_model(producer: StageGrid, consumer: StageGrid, policy: SyncPolicy) -> 
         return PairModel(producer, consumer, 0, np.zeros((0, 0), np.int64), empty, empty, empty, empty, empty, empty,
                          msg)
 
-    sems = int(evaluate(policy.sems, env))
+    head = regions[0]  # the posts read no index map: every region's are the same
+    sems = int(evaluate(head.sems, env))
     mt1, nt1 = producer.mt, producer.nt
-    post = evaluate(policy.post_sem, {**env, "m1": np.arange(mt1)[:, None], "n1": np.arange(nt1)[None, :]},
+    post = evaluate(head.post_sem, {**env, "m1": np.arange(mt1)[:, None], "n1": np.arange(nt1)[None, :]},
                     (mt1, nt1)).copy()
     bad = np.argwhere((post < 0) | (post >= sems))
     if bad.size:
@@ -270,40 +287,47 @@ def pair_model(producer: StageGrid, consumer: StageGrid, policy: SyncPolicy) -> 
                     f"{sems} semaphores [0, {sems})")
     posts = np.bincount(post.ravel(), minlength=sems)
 
-    mt2, kc2 = consumer.mt, consumer.kc
-    m2 = np.arange(mt2, dtype=np.int64)[:, None]
+    nc = wait_columns(consumer)
+    rows, kc2 = consumer.mt * nc, consumer.kc
+    cr = np.arange(rows, dtype=np.int64)[:, None]
     kc = np.arange(kc2, dtype=np.int64)[None, :]
-    genv = {**env, "m2": m2, "kc": kc, "first": (kc % consumer.ks == 0).astype(np.int64)}
-    shape = (mt2, kc2)
-    when = evaluate(policy.wait_when, genv, shape) != 0
-    lo = evaluate(policy.wait_row_lo, genv, shape)
-    hi = evaluate(policy.wait_row_hi, genv, shape)
-    span = np.where(when, hi - lo + 1, 0)
-    wild = when & ((lo < 0) | (hi >= mt1))
-    if wild.any():
-        i, k = map(int, np.argwhere(wild)[0])
-        s = k // consumer.ks
-        return fail(f"{_tile(consumer, i, 0, s)} chunk {k}: waits on producer rows {lo[i, k]}..{hi[i, k]}, "
-                    f"outside {producer.stage.name}'s {mt1} tile rows")
+    genv = {**env, "m2": cr // nc, "n2": cr % nc, "kc": kc, "first": (kc % consumer.ks == 0).astype(np.int64)}
+    shape = (rows, kc2)
     parts: list[tuple[np.ndarray, ...]] = []
-    for d in range(int(span.max(initial=0))):
-        r = lo + d
-        sel = np.nonzero(d < span)
-        renv = {**genv, "r": r}
-        sem = evaluate(policy.wait_sem, renv, shape)[sel]
-        cnt = evaluate(policy.wait_count, renv, shape)[sel]
-        parts.append((sel[0], sel[1], r[sel], sem, cnt, np.full(sem.shape, d)))
+    for g, pol in enumerate(regions):
+        when = evaluate(pol.wait_when, genv, shape) != 0
+        lo, hi = evaluate(pol.wait_row_lo, genv, shape), evaluate(pol.wait_row_hi, genv, shape)
+        clo, chi = evaluate(pol.wait_col_lo, genv, shape), evaluate(pol.wait_col_hi, genv, shape)
+        rspan = np.where(when, np.maximum(hi - lo + 1, 0), 0)
+        cspan = np.where(when, np.maximum(chi - clo + 1, 0), 0)
+        live = (rspan > 0) & (cspan > 0)
+        for what, a, b, n in (("rows", lo, hi, mt1), ("columns", clo, chi, nt1)):
+            wild = live & ((a < 0) | (b >= n))
+            if wild.any():
+                i, k = map(int, np.argwhere(wild)[0])
+                return fail(f"{_wait_row_tile(consumer, i, k // consumer.ks)} chunk {k}: waits on producer tile "
+                            f"{what} {a[i, k]}..{b[i, k]}, outside {producer.stage.name}'s {n} tile {what}")
+        for d in range(int(rspan.max(initial=0))):
+            for e in range(int(cspan.max(initial=0))):
+                r, c = lo + d, clo + e
+                sel = np.nonzero((d < rspan) & (e < cspan))
+                renv = {**genv, "r": r, "c": c}
+                sem = evaluate(pol.wait_sem, renv, shape)[sel]
+                cnt = evaluate(pol.wait_count, renv, shape)[sel]
+                parts.append((sel[0], sel[1], r[sel], sem, cnt, np.full(sem.shape, g), np.full(sem.shape, d),
+                              np.full(sem.shape, e)))
     if not parts:
         return PairModel(producer, consumer, sems, post, posts, empty, empty, empty, empty, empty)
-    m2s, kcs, rs, semv, cntv, ds = (np.concatenate(x) for x in zip(*parts))
-    order = np.lexsort((ds, kcs, m2s))  # chunk order within a consumer row, rows of a wait loop in order
+    m2s, kcs, rs, semv, cntv, gs, ds, es = (np.concatenate(x) for x in zip(*parts))
+    # Chunk order within a consumer wait row; within a chunk, regions in order, then a wait's loops.
+    order = np.lexsort((es, ds, gs, kcs, m2s))
     model = PairModel(producer, consumer, sems, post, posts, m2s[order], kcs[order], rs[order], semv[order],
                       cntv[order])
     bad_sem = np.flatnonzero((model.sem < 0) | (model.sem >= sems))
     if bad_sem.size:
         j = int(bad_sem[0])
         k = int(model.kc[j])
-        return fail(f"{_tile(consumer, int(model.m2[j]), 0, k // consumer.ks)} chunk {k}: waits (row "
+        return fail(f"{_wait_row_tile(consumer, int(model.m2[j]), k // consumer.ks)} chunk {k}: waits (row "
                     f"{model.r[j]}) on semaphore {model.sem[j]}, outside the policy's {sems} semaphores [0, {sems})")
     return model
 
@@ -359,23 +383,27 @@ def check_soundness(producer: StageGrid, consumer: StageGrid, policy: SyncPolicy
 
 
 def _unsound(model: PairModel, policy: SyncPolicy, m2: int, s: int, kc: int, m1: int, n1: int) -> str:
-    # Explain one uncovered read, re-evaluating the formulas one value at a time with Expr.
+    # Explain one uncovered read (of consumer wait row m2), re-evaluating the formulas one value at
+    # a time with Expr.
     prod, cons = model.producer, model.consumer
-    policy = policy_for(policy, cons)
+    regions = policy_for(policy, cons)
     env = pair_env(prod, cons)
-    sem = policy.post_sem({**env, "m1": m1, "n1": n1})
+    sem = regions[0].post_sem({**env, "m1": m1, "n1": n1})
     need = int(model.posts[sem])
     lo, hi = producer_cols(prod)
-    where = (f"{_tile(cons, m2, 0, s)} chunk {kc} ({kind_of(cons.stage).chunk_columns(cons, kc)}) reads "
+    nc = wait_columns(cons)
+    where = (f"{_wait_row_tile(cons, m2, s)} chunk {kc} ({kind_of(cons.stage).chunk_columns(cons, kc)}) reads "
              f"{_tile(prod, m1, n1)} (rows {m1 * prod.tiles.bm}..{min((m1 + 1) * prod.tiles.bm, prod.stage.m) - 1}, "
              f"columns {lo[n1]}..{hi[n1] - 1}), which posts to semaphore {sem}")
     waits = []
     for k in cons.split_chunks(s):
-        wenv = {**env, "m2": m2, "kc": k, "first": int(k == cons.split_chunks(s).start)}
-        if policy.wait_when(wenv):
-            for r in range(policy.wait_row_lo(wenv), policy.wait_row_hi(wenv) + 1):
-                if policy.wait_sem({**wenv, "r": r}) == sem:
-                    waits.append((k, policy.wait_count({**wenv, "r": r})))
+        wenv = {**env, "m2": m2 // nc, "n2": m2 % nc, "kc": k, "first": int(k == cons.split_chunks(s).start)}
+        for pol in regions:
+            if pol.wait_when(wenv):
+                for r in range(pol.wait_row_lo(wenv), pol.wait_row_hi(wenv) + 1):
+                    for c in range(pol.wait_col_lo(wenv), pol.wait_col_hi(wenv) + 1):
+                        if pol.wait_sem({**wenv, "r": r, "c": c}) == sem:
+                            waits.append((k, pol.wait_count({**wenv, "r": r, "c": c})))
     right = [k for k, v in waits if v == need]
     if right and right[0] <= kc:
         raise AssertionError(f"the array and the scalar readings of policy {policy.name!r} disagree at {where}")
@@ -496,7 +524,7 @@ def _layout_of(grids: tuple[StageGrid, ...], policy: SyncPolicy | None, order: T
             splits = grids[c].tiles.split_k
             per_row = kind_of(grids[c].stage).reads(grids[p], grids[c])
             for k, lst in enumerate(model.classes()):
-                m2, s2 = divmod(k, splits)
+                m2, s2 = divmod(k, splits)  # m2: the consumer's wait row (see wait_columns)
                 waits.append([(sem_base + s, v, kc, r) for s, v, kc, r in lst])
                 class_info.append((c, m2, s2))
                 # Split the tiles this class reads by the wait that must pass before the first read.
@@ -516,7 +544,8 @@ def _layout_of(grids: tuple[StageGrid, ...], policy: SyncPolicy | None, order: T
         blk_s += s
         tile += [tile_base[i] + a * nt + b for a, b in zip(m, n)]
         cb = class_base.get(i)
-        cls += [-1] * g.blocks if cb is None else [cb + a * splits + c for a, c in zip(m, s)]
+        nc = wait_columns(g)
+        cls += [-1] * g.blocks if cb is None else [cb + (a * nc + b % nc) * splits + c for a, b, c in zip(m, n, s)]
         for a in range(g.mt):
             for b in range(nt):
                 tile_splits[tile_base[i] + a * nt + b] = splits
@@ -739,10 +768,14 @@ class _Sim:
 
     # -- reports -----------------------------------------------------------------------------
     def _where(self, c: int) -> tuple[str, int, int]:
-        st, m2, s = self.lay.class_info[c]
+        st, cr, s = self.lay.class_info[c]
+        grid = self.p.grids[st]
+        nc = wait_columns(grid)
+        if nc > 1:
+            return _wait_row_tile(grid, cr, s), st, cr // nc
         resident = self.blocked[c]
         n = self.lay.blk_n[resident[0]] if resident else 0
-        return _tile(self.p.grids[st], m2, n, s), st, m2
+        return _tile(grid, cr, n, s), st, cr
 
     def _early(self, c: int, f: int) -> str:
         lay = self.lay

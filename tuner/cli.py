@@ -419,7 +419,11 @@ def _cmd_list(args: argparse.Namespace, argv: list[str]) -> int:
     for wl in WORKLOADS.values():
         fixed = ", ".join(f"{k}={v}" for k, v in wl.defaults.items())
         print(f"  {wl.name}: {wl.description}")
-        print(f"    sweep {wl.sweep_param} = {','.join(map(str, wl.sweep))} ({fixed})")
+        if wl.builtin:
+            sizes = "; ".join(", ".join(f"{k} {','.join(map(str, v))}" for k, v in b.items()) for b in wl.builtin)
+            print(f"    built-in sizes: {sizes} ({fixed})")
+        else:
+            print(f"    sweep {wl.sweep_param} = {','.join(map(str, wl.sweep))} ({fixed})")
     try:
         check_exists(args.storage)
     except UsageError:

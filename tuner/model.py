@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from .device import DeviceInfo
+from .stages import kind_of
 from .tiling import StageGrid, StageTiles
 
 SMEM_PER_SM = 228 * 1024  # bytes; each block also reserves 1 KiB
@@ -26,8 +27,10 @@ def registers(t: StageTiles) -> int:
     return wtm * wtn // 32 + (wtm // 16) * 4 + (wtn // 8) * 2 + 40
 
 
-def blocks_per_sm(t: StageTiles) -> int:
-    by_smem = SMEM_PER_SM // (t.smem_bytes() + 1024)
+def blocks_per_sm(t: StageTiles, smem: int | None = None) -> int:
+    """Blocks of this tiling an SM holds at once (``smem``: the block's shared memory, where its
+    stage kind's differs from the tiling's ring)."""
+    by_smem = SMEM_PER_SM // ((t.smem_bytes() if smem is None else smem) + 1024)
     by_regs = REGS_PER_SM // (t.threads * min(255, registers(t)))
     return max(0, min(by_smem, by_regs, 2048 // t.threads, 32))
 
@@ -36,14 +39,12 @@ def stage_seconds(g: StageGrid, device: DeviceInfo, bandwidth: float = BANDWIDTH
     """Estimated time of one stage run on its own: wave by wave, each block limited by its share
     of DRAM bandwidth, by its own bytes in flight, and by its SM's tensor-core rate."""
     t, st = g.tiles, g.stage
-    occ = blocks_per_sm(t)
+    kind = kind_of(st)
+    occ = blocks_per_sm(t, kind.smem_bytes(g))
     if occ == 0:
         return math.inf
     slots = device.sms * occ
-    k_elems = g.ks * t.bk
-    rows = min(t.bm, st.m)
-    bytes_block = (rows + t.bn) * k_elems * 2
-    flops_block = 2 * t.bm * t.bn * k_elems
+    bytes_block, flops_block = kind.block_work(g)
     in_flight = max(1, t.stages - {"sync": 1, "wgmma": 2, "wgmma_tma": 1}[t.mma]) * t.bn * t.bk * 2
     per_sm_rate = RATES[t.mma] / device.sms
     total, left = 0.0, g.blocks

@@ -132,7 +132,7 @@ class _Words:
 
 
 def _smem(grid: StageGrid) -> int:
-    return grid.tiles.smem_bytes()
+    return kind_of(grid.stage).smem_bytes(grid)
 
 
 # Epilogues go through shared memory where the output tile fits in the free ring (measurement
@@ -177,9 +177,11 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
                      wait=None, post=None, started=None, guard=None, ticket=None, ws_base=0, arrive_base=0, written_base=0,
                      run_counter=None, guard_counter=None)
         entry["staged"] = staged_epilogue(tl, entry["OW"])
+        entry["kind"] = st.kind
+        entry["attn"] = kind_of(st).template_constants(st) if hasattr(kind_of(st), "template_constants") else None
         if tl.split_k > 1:
             entry["ws_base"] = ws
-            ws += tl.split_k * g.mt * g.nt * tl.bm * tl.bn  # whole tiles of partial sums per split
+            ws += tl.split_k * g.mt * g.nt * kind_of(st).partial_floats(g)  # a tile's partial result per split
             entry["arrive_base"] = words.take(g.mt * g.nt)  # arrivals of a tile's splits
             entry["written_base"] = words.take(g.mt * g.nt)  # posts of the splits whose partials are stored
         if tl.mma == "wgmma_tma":
@@ -195,18 +197,19 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
         stages.append(entry)
     if policy is not None:
         for i in range(1, len(grids)):
-            policy = policy_for(POLICIES[config.policy], grids[i])
+            regions = policy_for(POLICIES[config.policy], grids[i])
             env = pair_env(grids[i - 1], grids[i])
-            base = words.take(policy.sems(env))
-            stages[i - 1]["post"] = dict(env=env, sem_base=base, sem=policy.post_sem.c,
+            base = words.take(regions[0].sems(env))
+            stages[i - 1]["post"] = dict(env=env, sem_base=base, sem=regions[0].post_sem.c,
                                          tma_consumer=config.tiles[i].mma == "wgmma_tma")
-            kind_env = {k: v for k, v in kind_of(grids[i].stage).env(grids[i].stage, "2").items()
-                        if any(k in e.names for e in (policy.wait_when, policy.wait_row_lo, policy.wait_row_hi,
-                                                      policy.wait_sem, policy.wait_count))}
-            stages[i]["wait"] = dict(env=env, kind_env=kind_env, sem_base=base,
-                                     doc=f"sync policy '{policy.name}': {policy.doc}",
-                                     when=policy.wait_when.c, lo=policy.wait_row_lo.c, hi=policy.wait_row_hi.c,
-                                     sem=policy.wait_sem.c, count=policy.wait_count.c)
+            waits = [dict(when=pol.wait_when.c, lo=pol.wait_row_lo.c, hi=pol.wait_row_hi.c, col_lo=pol.wait_col_lo.c,
+                          col_hi=pol.wait_col_hi.c, sem=pol.wait_sem.c, count=pol.wait_count.c) for pol in regions]
+            read = {n for pol in regions for e in (pol.wait_when, pol.wait_row_lo, pol.wait_row_hi, pol.wait_col_lo,
+                                                  pol.wait_col_hi, pol.wait_sem, pol.wait_count) for n in e.names}
+            kind_env = {k: v for k, v in kind_of(grids[i].stage).env(grids[i].stage, "2").items() if k in read}
+            stages[i]["wait"] = dict(env=env, kind_env=kind_env, sem_base=base, regions=waits,
+                                     doc=f"sync policy '{regions[0].name}': {regions[0].doc}",
+                                     when=" || ".join(w["when"] for w in waits), reads_n2="n2" in read)
             if config.launch == "two_stream":
                 started = words.take(1)
                 stages[i - 1]["started"] = started

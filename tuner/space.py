@@ -30,8 +30,7 @@ from .device import DeviceInfo
 from .config import GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
 from .expr import Expr
 from .stages import kind_of
-from .sync import (DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, grid_env, launch_allowed, pair_env,
-                   policy_for)
+from .sync import (DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, grid_env, launch_allowed, pair_env)
 from .tomlfile import did_you_mean, read_toml
 from .workloads import Chain
 
@@ -241,7 +240,7 @@ def accumulators(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
 
 
 def shared_memory(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
-    need = g.tiles.smem_bytes()
+    need = kind_of(g.stage).smem_bytes(g)
     if need > dev.smem_per_block:
         return f"{need} bytes of shared memory exceed the device's {dev.smem_per_block} per block"
     return None
@@ -324,8 +323,7 @@ def policy_requires(policy: str, producer: StageGrid, consumer: StageGrid) -> st
     pol = POLICIES[policy]
     if pol is None:
         return None
-    pol = policy_for(pol, consumer)
-    env = pair_env(producer, consumer)
+    env = pair_env(producer, consumer)  # the condition reads tilings and kind constants, no index map
     if pol.requires(env):
         return None
     return (f"the {policy} policy needs {pol.requires_doc or pol.requires.text} "

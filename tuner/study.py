@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import json
 import math
 import signal
@@ -57,7 +56,7 @@ class StudySpec:
     """What to tune: a workload, the sizes to sweep, the search space and the strategy's settings."""
 
     workload: str
-    sizes: Mapping[str, tuple[int, ...]]
+    sizes: Mapping[str, tuple[int, ...]]  # empty: the workload's built-in sizes
     space: Path
     strategy: str = DEFAULT_STRATEGY
     seed: int = 0
@@ -66,11 +65,18 @@ class StudySpec:
     source: str = "<defaults>"
 
     def chains(self) -> list[Chain]:
-        """One chain per combination of the listed sizes."""
+        """One chain per combination of the listed sizes (or per built-in size)."""
         wl = get_workload(self.workload)
-        keys = list(self.sizes)
-        return [wl.chain(**dict(zip(keys, values))) for values in itertools.product(*(self.sizes[k] for k in keys))]
+        return [wl.chain(**size) for size in wl.requested_sizes({}, self.sizes or None)]
 
+
+
+def _size_int(value: Any, least: int, where: str) -> int:
+    if least == 1:
+        return _positive_int(value, where)
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise StudyError(f"{where} = {value!r}: accepted: an integer of at least {least}")
+    return value
 
 
 def _positive_int(value: Any, where: str) -> int:
@@ -101,7 +107,7 @@ def parse_study(data: Mapping[str, Any], source: str, beside: Path | None = None
         wl = get_workload(str(data["workload"]))
     except WorkloadError as exc:
         raise StudyError(f"{source}: {exc}") from None
-    sizes: dict[str, tuple[int, ...]] = {wl.sweep_param: wl.sweep}
+    sizes: dict[str, tuple[int, ...]] = {}
     raw = data.get("sizes", {})
     if not isinstance(raw, dict):
         raise StudyError(f"{source}: sizes must be a table such as {{{wl.sweep_param} = [1, 64]}}")
@@ -112,7 +118,9 @@ def parse_study(data: Mapping[str, Any], source: str, beside: Path | None = None
         items = value if isinstance(value, list) else [value]
         if not items:
             raise StudyError(f"{source}: sizes.{key} is empty; accepted: a positive integer or a list of them")
-        sizes[key] = tuple(_positive_int(v, f"{source}: sizes.{key}") for v in items)
+        sizes[key] = tuple(_size_int(v, wl.size_param(key).least, f"{source}: sizes.{key}") for v in items)
+    if sizes and wl.sweep_param not in sizes:
+        sizes[wl.sweep_param] = wl.sweep
     strategy = data.get("strategy", DEFAULT_STRATEGY)
     if strategy not in STRATEGIES:
         raise StudyError(f"{source}: strategy = {strategy!r}: accepted: {', '.join(STRATEGIES)}")

@@ -10,12 +10,16 @@ counted over the whole reduction), ``first`` (1 on a split's first chunk),
 ``BM2``, ``BK2``, ``MT2``; ``r`` is the producer tile row a wait loop visits.
 
 Which producer elements a consumer's chunk reads depends on the consumer's stage kind, so a
-policy reads it through the names of the kind's **index map** (``INDEX_MAP_NAMES``): the
-first and last producer output row that consumer tile row ``m2`` reads at chunk ``kc``
-(``A_ROW_LO``, ``A_ROW_HI``) and the producer output column where that chunk starts
-(``A_COL``), and the first and last rows the tile reads over all its chunks (``A_TILE_LO``,
-``A_TILE_HI``). :meth:`SyncPolicy.bind` puts the kind's formulas in their place
-(:mod:`tuner.stages`), so one policy serves a GEMM and a convolution alike.
+policy reads it through the names of the kind's **index map** (``INDEX_MAP_NAMES``). A kind
+reads the producer's output through one or more **regions** (a GEMM one: its A operand; an
+attention tile two: its queries once, then keys and values chunk by chunk); per region and
+chunk ``kc``: whether it reads any producer element then (``A_ANY``), whether its rows differ
+from the chunk before (``A_FRESH``), the first and last producer output row (``A_ROW_LO``,
+``A_ROW_HI``) and column (``A_COL``, ``A_COL_HI``) it reads, and, over all its chunks and
+regions, the first and last rows the tile reads (``A_TILE_LO``, ``A_TILE_HI``). A kind whose
+reads depend on the consumer tile's column also reads ``n2``. :func:`policy_for` binds a
+policy to each region of the consumer's kind (:mod:`tuner.stages`), so one policy serves a
+GEMM, a convolution and an attention stage alike.
 Tile orders read ``t`` (ticket), ``MT``, ``NT``, ``S`` (split count), ``CM``, ``CN`` (cluster shape).
 """
 from __future__ import annotations
@@ -38,7 +42,8 @@ class SyncPolicy:
     to semaphore ``post_sem``. Before loading K chunk ``kc`` of its A operand, a
     consumer tile ``m2`` checks ``wait_when``; if true it waits, for every producer
     row ``r`` in ``[wait_row_lo, wait_row_hi]``, until semaphore ``wait_sem`` holds
-    ``epoch * wait_count``. ``sems`` is how many semaphores the policy needs.
+    ``epoch * wait_count``, and within a row for every producer tile column ``c`` in
+    ``[wait_col_lo, wait_col_hi]``. ``sems`` is how many semaphores the policy needs.
     """
 
     name: str
@@ -48,6 +53,8 @@ class SyncPolicy:
     wait_when: Expr
     wait_row_lo: Expr
     wait_row_hi: Expr
+    wait_col_lo: Expr
+    wait_col_hi: Expr
     wait_sem: Expr
     wait_count: Expr
     requires: Expr  # a hard constraint this policy puts on the tiling (1 = fine)
@@ -60,7 +67,7 @@ class SyncPolicy:
         return replace(self, **exprs)
 
 
-INDEX_MAP_NAMES = ("A_ROW_LO", "A_ROW_HI", "A_TILE_LO", "A_TILE_HI", "A_COL")
+INDEX_MAP_NAMES = ("A_ANY", "A_FRESH", "A_ROW_LO", "A_ROW_HI", "A_COL", "A_COL_HI", "A_TILE_LO", "A_TILE_HI")
 
 
 _ROW_LO = Expr("A_ROW_LO // BM1")
@@ -72,15 +79,22 @@ POLICIES: dict[str, SyncPolicy | None] = {
     "tile": SyncPolicy(
         "tile", "wait, inside the K loop, for exactly the producer tiles that cover the next K chunk",
         sems=Expr("MT1 * NT1"), post_sem=Expr("m1 * NT1 + n1"),
-        wait_when=Expr("first or A_COL % BN1 == 0"),
+        # A chunk whose rows are those of the chunk before and whose columns start inside the same
+        # producer tile reads nothing new: no wait.
+        wait_when=Expr("A_ANY and (first or A_FRESH or A_COL % BN1 == 0)"),
         wait_row_lo=_ROW_LO, wait_row_hi=_ROW_HI,
-        wait_sem=Expr("r * NT1 + A_COL // BN1"), wait_count=Expr("1"),
-        requires=Expr("BN1 % BK2 == 0"), requires_doc="the producer's BN must be a multiple of the consumer's BK"),
+        wait_col_lo=Expr("A_COL // BN1"), wait_col_hi=Expr("min(A_COL_HI // BN1, NT1 - 1)"),
+        wait_sem=Expr("r * NT1 + c"), wait_count=Expr("1"),
+        # Where chunks walk along the columns (CSTEP2 = 1), a chunk must not start inside one producer
+        # tile and end in the next: the wait above would miss the second.
+        requires=Expr("CSTEP2 == 0 or BN1 % BK2 == 0"),
+        requires_doc="the producer's BN must be a multiple of the consumer's BK"),
     "row": SyncPolicy(
         "row", "wait once, before the first K chunk, for every producer tile of the rows read",
         sems=Expr("MT1"), post_sem=Expr("m1"),
         wait_when=Expr("first"),
         wait_row_lo=Expr("A_TILE_LO // BM1"), wait_row_hi=Expr("min(A_TILE_HI // BM1, MT1 - 1)"),
+        wait_col_lo=Expr("0"), wait_col_hi=Expr("0"),
         wait_sem=Expr("r"), wait_count=Expr("NT1"),
         requires=Expr("1")),
 }
@@ -162,16 +176,17 @@ def grid_env(grid: "StageGrid", idx: str) -> dict[str, int]:
             f"KC{idx}": grid.kc, f"S{idx}": t.split_k, **kind_of(st).env(st, idx)}
 
 
-def policy_for(policy: SyncPolicy, consumer: "StageGrid") -> SyncPolicy:
-    """``policy`` bound to the index map of the consumer's stage kind (see :meth:`SyncPolicy.bind`)."""
+def policy_for(policy: SyncPolicy, consumer: "StageGrid") -> tuple[SyncPolicy, ...]:
+    """``policy`` bound to each region of the consumer's stage kind (see :meth:`SyncPolicy.bind`), in
+    the order the kernel waits on them; regions that bind to the same waits are kept once."""
     from .stages import kind_of  # noqa: PLC0415
 
     return _bound(policy, consumer.stage.kind, kind_of(consumer.stage))
 
 
 @lru_cache(maxsize=64)
-def _bound(policy: SyncPolicy, kind: str, module: Any) -> SyncPolicy:
-    return policy.bind(module.INDEX_MAP)
+def _bound(policy: SyncPolicy, kind: str, module: Any) -> tuple[SyncPolicy, ...]:
+    return tuple(dict.fromkeys(policy.bind(region) for region in module.REGIONS))
 
 
 def pair_env(producer: "StageGrid", consumer: "StageGrid") -> dict[str, int]:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 
 from .stages import WorkloadError
 from .stages import Stage
+from .stages.attention import AttentionStage
 from .stages.conv import ConvStage
 from .stages.gemm import GemmStage
 
@@ -63,6 +64,7 @@ class SizeParam:
     name: str
     doc: str
     multiple_of: int = 1  # e.g. 8 for a width read in 16-byte pieces of halves
+    least: int = 1  # the smallest accepted value (0 for a KV cache that may be empty)
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,9 @@ class Workload:
     # The layers of the whole network this chain repeats in: (fixed sizes, how many times), for the
     # multiplicity-weighted whole-network figure (bench --network).
     network: tuple[tuple[Mapping[str, int], int], ...] = ()
+    # The built-in sizes where one sweep does not say them all (an attention layer's prompts and
+    # decodes): a union of products of sizes, each over ``defaults``. Empty: the sweep alone.
+    builtin: tuple[Mapping[str, tuple[int, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         if {p.name for p in self.sizes} != set(self.params):
@@ -92,8 +97,8 @@ class Workload:
     def requested_sizes(self, flags: Mapping[str, Any], base: Mapping[str, tuple[int, ...]] | None = None
                         ) -> list[dict[str, int]]:
         """Every size the command line asks for: the size flags given (each a value or a list; any
-        other key of ``flags`` is ignored) over ``base`` (a study file's sizes, else the sweep)."""
-        sizes = dict(base or {self.sweep_param: self.sweep})
+        other key of ``flags`` is ignored) over ``base`` (a study file's sizes, else the built-in sizes)."""
+        given: dict[str, tuple[int, ...]] = {}
         for key in size_flags():
             value = flags.get(key)
             if value is None:
@@ -101,9 +106,17 @@ class Workload:
             if key not in self.params:
                 raise WorkloadError(f"workload {self.name} has no size --{key}; accepted: "
                                     f"{', '.join('--' + p for p in self.params)}")
-            sizes[key] = tuple(value) if isinstance(value, (tuple, list)) else (value,)
-        keys = list(sizes)
-        return [dict(zip(keys, values)) for values in itertools.product(*(sizes[k] for k in keys))]
+            given[key] = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+        bases = [base] if base else list(self.builtin) or [{self.sweep_param: self.sweep}]
+        out: list[dict[str, int]] = []
+        for b in bases:
+            sizes = {**b, **given}
+            keys = list(sizes)
+            for values in itertools.product(*(sizes[k] for k in keys)):
+                size = dict(zip(keys, values))
+                if size not in out:
+                    out.append(size)
+        return out
 
     def size_param(self, name: str) -> SizeParam:
         return next(p for p in self.sizes if p.name == name)
@@ -122,8 +135,10 @@ class Workload:
         if self.sweep_param not in full:
             raise WorkloadError(f"workload {self.name}: --{self.sweep_param} is required")
         for key, val in full.items():
-            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-                raise WorkloadError(f"workload {self.name}: --{key} {val!r}: accepted: a positive integer")
+            least = self.size_param(key).least
+            if not isinstance(val, int) or isinstance(val, bool) or val < least:
+                what = "a positive integer" if least == 1 else f"an integer of at least {least}"
+                raise WorkloadError(f"workload {self.name}: --{key} {val!r}: accepted: {what}")
             mult = self.size_param(key).multiple_of
             if val % mult:
                 near = " or ".join(str(v) for v in (val // mult * mult, val // mult * mult + mult) if v)
@@ -151,11 +166,29 @@ def _conv_chain(p: Mapping[str, int]) -> tuple[ConvStage, ...]:
     return tuple(ConvStage(f"conv{i + 1}", *size, "relu", a_from=None if i == 0 else i - 1) for i in range(p["depth"]))
 
 
+def _attention_layer(p: Mapping[str, int]) -> tuple[GemmStage | AttentionStage, ...]:
+    """QKV projection, causal attention over the cache and the new tokens, output projection."""
+    m, h, heads, kv, d = p["tokens"], p["hidden"], p["heads"], p["kv_heads"], p["head_dim"]
+    attn = AttentionStage("attn", m, p["cache"], heads, kv, d, a_from=0)
+    return (GemmStage("qkv", m, attn.qkv_cols, h, "none"), attn, GemmStage("out", m, h, heads * d, "none", a_from=1))
+
+
 _POW2_TOKENS = tuple(2 ** i for i in range(13))
 
 # The model widths are the GEMMs' K, read in 16-byte pieces (8 halves) along each row.
 _MLP_SIZES = (SizeParam("tokens", "token counts (the GEMMs' M)"), SizeParam("hidden", "model widths", 8),
               SizeParam("ffn", "MLP widths (per GPU)", 8))
+
+
+_ATTN_SIZES = (SizeParam("tokens", "new tokens (the queries)"),
+               SizeParam("cache", "tokens already in the KV cache (0: a prompt)", least=0),
+               SizeParam("hidden", "model widths", 8), SizeParam("heads", "query heads (per GPU)"),
+               SizeParam("kv_heads", "key/value heads (per GPU)"), SizeParam("head_dim", "head sizes"))
+
+
+# Decode: a few new tokens on a long cache; prompt: the tokens attend to themselves.
+_ATTN_REGIMES = ({"tokens": (1, 4), "cache": (1024,)}, {"tokens": (16,), "cache": (2048,)},
+                 {"tokens": (512, 1024, 2048), "cache": (0,)})
 
 
 def _layers(*layers: tuple[int, int, int, int]) -> tuple[tuple[Mapping[str, int], int], ...]:
@@ -182,6 +215,18 @@ WORKLOADS: dict[str, Workload] = {
                       "(layers 28x28x256, 14x14x512, and the 56x56x128 pair)",
                       "batch", (1, 4, 8, 16, 32), {"height": 28, "width": 28, "channels": 256, "depth": 4},
                       _conv_chain, _CONV_SIZES, _layers((56, 128, 2, 1), (28, 256, 4, 1), (14, 512, 4, 1))),
+    "gpt3-attn": Workload("gpt3-attn", "GPT-3 175B attention layer, 8-way tensor parallel (12 heads of 128 per GPU): "
+                          "QKV GEMM, causal attention over a KV cache, output GEMM, fp16; "
+                          "decode (a few tokens on a cache) and prompts (cache 0)",
+                          "tokens", (1, 4, 16), {"cache": 1024, "hidden": 12288, "heads": 12, "kv_heads": 12,
+                                                 "head_dim": 128}, _attention_layer, _ATTN_SIZES,
+                          builtin=_ATTN_REGIMES),
+    "llama-attn": Workload("llama-attn", "LLaMA-2 70B attention layer, 8-way tensor parallel (8 query heads sharing "
+                           "1 KV head per GPU): QKV GEMM, causal attention over a KV cache, output GEMM, fp16; "
+                           "decode (a few tokens on a cache) and prompts (cache 0)",
+                           "tokens", (1, 4, 16), {"cache": 1024, "hidden": 8192, "heads": 8, "kv_heads": 1,
+                                                  "head_dim": 128}, _attention_layer, _ATTN_SIZES,
+                           builtin=_ATTN_REGIMES),
 }
 
 

@@ -68,7 +68,7 @@ class Problem:
         sets = max(1, min(8, math.ceil(2 * l2_bytes / set_bytes)))
         rng = cp.random.default_rng(seed)
         xs = [_rand(rng, s0.a_shape, 1.0) for _ in range(sets)]
-        ws = [[_rand(rng, (s.n, s.k), 1.0 / math.sqrt(s.k)) for s in chain.stages] for _ in range(sets)]
+        ws = [[_rand(rng, *kind_of(s).b_operand(s)) for s in chain.stages] for _ in range(sets)]
         ys = [cp.empty((s.m, s.n_out), dtype=cp.float16) for s in chain.stages]
         return cls(chain, xs, ws, ys)
 
@@ -79,7 +79,7 @@ class Problem:
         s0 = self.chain.stages[0]
         self.xs[0][...] = _rand(rng, s0.a_shape, 1.0)
         for i, s in enumerate(self.chain.stages):
-            self.ws[0][i][...] = _rand(rng, (s.n, s.k), 1.0 / math.sqrt(s.k))
+            self.ws[0][i][...] = _rand(rng, *kind_of(s).b_operand(s))
 
 
 def _rand(rng, shape, scale):

@@ -11,11 +11,11 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any, Union
 
-from . import conv, gemm
+from . import attention, conv, gemm
 from .base import WorkloadError
 
-KINDS: dict[str, ModuleType] = {"gemm": gemm, "conv": conv}
-Stage = Union[gemm.GemmStage, conv.ConvStage]  # every kind's stage class
+KINDS: dict[str, ModuleType] = {"gemm": gemm, "conv": conv, "attention": attention}
+Stage = Union[gemm.GemmStage, conv.ConvStage, attention.AttentionStage]  # every kind's stage class
 
 __all__ = ["KINDS", "Stage", "WorkloadError", "kind_of"]
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..expr import Expr
 from .base import TensorCoreStage, WorkloadError
-from .gemm import producer_cols
+from .gemm import block_work, producer_cols  # noqa: F401 - block_work: an implicit GEMM's work is a GEMM's
 
 if TYPE_CHECKING:
     from ..tiling import StageGrid
@@ -78,17 +78,22 @@ _OFF = f"({_TAP} // 3 - 1) * W2 + {_TAP} % 3 - 1"
 # chunk are the tile's own rows shifted by its tap's offset; the tile's rows over all chunks reach
 # one image row and one pixel past its own on either side (the halo).
 INDEX_MAP: dict[str, Expr] = {
+    "A_ANY": Expr("1"), "A_FRESH": Expr("0"),  # a new tap starts at channel 0: A_COL % BN1 == 0 re-waits
     "A_ROW_LO": Expr(f"max(m2 * BM2 + {_OFF}, 0)"),
     "A_ROW_HI": Expr(f"max(min(m2 * BM2 + BM2 - 1 + {_OFF}, M2 - 1), 0)"),
     "A_TILE_LO": Expr("max(m2 * BM2 - W2 - 1, 0)"),
     "A_TILE_HI": Expr("min(m2 * BM2 + BM2 + W2, M2 - 1)"),
     "A_COL": Expr("kc * BK2 % C2"),
+    "A_COL_HI": Expr("kc * BK2 % C2 + BK2 - 1"),
 }
+REGIONS = (INDEX_MAP,)
+PER_COLUMN = False  # a tile's reads do not depend on its column
 
 
 def env(stage: ConvStage, idx: str) -> dict[str, int]:
-    """Constants the index map reads: the image width, the input channels and the pixel count."""
-    return {f"W{idx}": stage.width, f"C{idx}": stage.c_in, f"M{idx}": stage.m}
+    """Constants the index map reads: the image width, the input channels and the pixel count;
+    ``CSTEP`` 1: chunks walk along the producer's columns (channels)."""
+    return {f"W{idx}": stage.width, f"C{idx}": stage.c_in, f"M{idx}": stage.m, f"CSTEP{idx}": 1}
 
 
 def tiling_problem(grid: "StageGrid") -> str | None:
@@ -99,6 +104,21 @@ def tiling_problem(grid: "StageGrid") -> str | None:
     if t.mma == "wgmma_tma":
         return "the gathered A operand is loaded by cp.async; the TMA copies plain matrices"
     return None
+
+
+def smem_bytes(grid: "StageGrid") -> int:
+    """Shared memory of a block: the tiling's ring of A and B slabs."""
+    return grid.tiles.smem_bytes()
+
+
+def partial_floats(grid: "StageGrid") -> int:
+    """Workspace floats of one split's partial sums of one tile (split-K): the whole tile."""
+    return grid.tiles.bm * grid.tiles.bn
+
+
+def b_operand(stage: ConvStage) -> tuple[tuple[int, int], float]:
+    """The weights ``[C_out, 3*3*C_in]``, and the scale of random test weights."""
+    return (stage.n, stage.k), 1.0 / stage.k ** 0.5
 
 
 def a_arg(stage: ConvStage) -> str:
@@ -135,7 +155,7 @@ def torch_weight(torch, w, stage: ConvStage):
     return w.view(stage.c_out, 3, 3, stage.c_in).permute(0, 3, 1, 2)
 
 
-def torch_stage(F, h, w):
+def torch_stage(F, h, w, stage: ConvStage):
     """The convolution before its epilogue in PyTorch (cuDNN)."""
     return F.conv2d(h, w, padding=1)
 

@@ -50,21 +50,48 @@ class GemmStage(TensorCoreStage):
 
 HEADER: str | None = None  # the kind's own kernel header, beside the shared ones (none: RowMajor is shared)
 
-# The index map as formulas in the consumer's names (see tuner.sync.INDEX_MAP_NAMES): the same rows
-# at every chunk, so a chunk's rows are the tile's.
-INDEX_MAP: dict[str, Expr] = {"A_ROW_LO": Expr("m2 * BM2"), "A_ROW_HI": Expr("m2 * BM2 + BM2 - 1"),
+# The index map as formulas in the consumer's names (see tuner.sync.INDEX_MAP_NAMES): one region,
+# the A operand, read at the same rows at every chunk, so a chunk's rows are the tile's, and its
+# columns walk along with the chunks.
+INDEX_MAP: dict[str, Expr] = {"A_ANY": Expr("1"), "A_FRESH": Expr("0"),
+                              "A_ROW_LO": Expr("m2 * BM2"), "A_ROW_HI": Expr("m2 * BM2 + BM2 - 1"),
                               "A_TILE_LO": Expr("m2 * BM2"), "A_TILE_HI": Expr("m2 * BM2 + BM2 - 1"),
-                              "A_COL": Expr("kc * BK2")}
+                              "A_COL": Expr("kc * BK2"), "A_COL_HI": Expr("kc * BK2 + BK2 - 1")}
+REGIONS = (INDEX_MAP,)
+PER_COLUMN = False  # a tile's reads do not depend on its column
 
 
 def env(stage: GemmStage, idx: str) -> dict[str, int]:
-    """Constants the kind's formulas read besides the tiling's (none for a GEMM)."""
-    return {}
+    """Constants the kind's formulas read besides the tiling's: ``CSTEP`` (1: chunks walk along
+    the producer's columns)."""
+    return {f"CSTEP{idx}": 1}
 
 
 def tiling_problem(grid: "StageGrid") -> str | None:
     """Why this tiling cannot compute the stage, beyond the constraints every kind shares (none)."""
     return None
+
+
+def smem_bytes(grid: "StageGrid") -> int:
+    """Shared memory of a block: the tiling's ring of A and B slabs."""
+    return grid.tiles.smem_bytes()
+
+
+def partial_floats(grid: "StageGrid") -> int:
+    """Workspace floats of one split's partial sums of one tile (split-K): the whole tile."""
+    return grid.tiles.bm * grid.tiles.bn
+
+
+def b_operand(stage: GemmStage) -> tuple[tuple[int, int], float]:
+    """The weights' shape ``[N, K]``, and the scale of random test weights (outputs stay near 1)."""
+    return (stage.n, stage.k), 1.0 / stage.k ** 0.5
+
+
+def block_work(grid: "StageGrid") -> tuple[int, int]:
+    """Bytes one block reads and FLOPs it computes, for the cost model: A and B slabs of its split."""
+    t = grid.tiles
+    k_elems = grid.ks * t.bk
+    return (min(t.bm, grid.stage.m) + t.bn) * k_elems * 2, 2 * t.bm * t.bn * k_elems
 
 
 def a_arg(stage: GemmStage) -> str:
@@ -92,7 +119,7 @@ def torch_weight(torch, w, stage: GemmStage):
     return w
 
 
-def torch_stage(F, h, w):
+def torch_stage(F, h, w, stage: GemmStage):
     """The stage before its epilogue in PyTorch."""
     return F.linear(h, w)
 

@@ -1,0 +1,254 @@
+// One attention tile: BM queries of one head against keys [kc_begin*BK, kc_end*BK) (a split of
+// the keys), causal, with an online softmax (see tuner/stages/attention.py for the layouts).
+//
+// Each warp owns 16 queries. Its queries' fragments stay in registers for the whole tile; keys and
+// values stream through a ring of STAGES chunks in shared memory (cp.async, rows padded by 16
+// bytes as in gemm.cuh). Scores S = Q K^T and the weighted sum O += P V run on mma.sync
+// m16n8k16; P goes from the score accumulators to the A operand in registers, never through
+// shared memory. Softmax in base 2: scores are scaled by scale_log2 = log2(e) / sqrt(D).
+#pragma once
+
+template <int BM_, int D_, int BK_, int WM_, int STAGES_>
+struct AttnTile {
+  static constexpr int BM = BM_, D = D_, BN = D_, BK = BK_, WM = WM_, STAGES = STAGES_;
+  static constexpr int THREADS = WM * 32, MMA_THREADS = THREADS;
+  static constexpr int LDS = D + 8;  // halves per shared row
+  static constexpr int Q_ELEMS = BM * LDS, KV_ELEMS = BK * LDS;
+  static constexpr int DI = D / 8;   // output fragments (8 columns each) per warp
+  static constexpr int SJ = BK / 8;  // score fragments per chunk
+  static constexpr int DK = D / 16;  // k-steps of the scores
+  static_assert(BM == 16 * WM, "a warp owns 16 queries");
+  static_assert(BK % 16 == 0 && D % 16 == 0, "chunks and heads in steps of 16");
+  static_assert(STAGES >= 2, "at least two chunks in flight");
+};
+
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The running softmax of this thread's two query rows (lane / 4 and lane / 4 + 8 of its warp):
+// the largest scaled score seen, and the sum of exp2(score - max) over this thread's columns.
+struct SoftmaxRows {
+  float max[2], sum[2];
+};
+
+// Where key `key` of KV head `kvh` lives: the cache for keys before CACHE, the QKV projection's
+// output for the new tokens after it; `part` 0 = keys, 1 = values. ok is false past the last key.
+template <int TOKENS, int CACHE, int QKVW, int D>
+__device__ __forceinline__ const half_t* kv_row(const half_t* qkv, const half_t* cache, int kvh, int kv_col,
+                                                int part, int key, bool& ok) {
+  ok = key < CACHE + TOKENS;
+  if (!ok) return qkv;
+  if (key < CACHE) return cache + ((size_t)(kvh * 2 + part) * CACHE + key) * D;
+  return qkv + (size_t)(key - CACHE) * QKVW + kv_col + part * D;
+}
+
+// The tile's partial result: O unnormalized (acc) and its rows' softmax state. Chunks past the
+// tile's last query are skipped (causal), so a split may compute nothing: max = -inf, sum = 0.
+template <class T, int TOKENS, int CACHE, int HEADS, int G, class Wait>
+__device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], SoftmaxRows& sm,
+                                                   const half_t* __restrict__ qkv, const half_t* __restrict__ cache,
+                                                   int m0, int head, int kc_begin, int kc_end, half_t* smem,
+                                                   Wait wait, float scale_log2) {
+  constexpr int D = T::D, QKVW = (HEADS + 2 * (HEADS / G)) * D, GROUP_W = (G + 2) * D;
+  const float NEG_INF = __int_as_float(0xff800000u);
+  const int kvh = head / G;
+  const int q_col = kvh * GROUP_W + (head % G) * D, kv_col = kvh * GROUP_W + G * D;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int last_key = CACHE + min(m0 + T::BM, TOKENS) - 1;
+  kc_end = min(kc_end, last_key / T::BK + 1);
+  const int nk = kc_end - kc_begin;
+
+#pragma unroll
+  for (int j = 0; j < T::DI; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+  sm.max[0] = sm.max[1] = NEG_INF;
+  sm.sum[0] = sm.sum[1] = 0.f;
+  if (nk <= 0) return;
+
+  half_t* sQ = smem;
+  half_t* sK = smem + T::Q_ELEMS;
+  half_t* sV = sK + T::STAGES * T::KV_ELEMS;
+  constexpr int CPR = D / 8;  // 16-byte pieces per row
+
+  auto issue = [&](int it) {
+    if (it < nk) {
+      const int kc = kc_begin + it, slot = it % T::STAGES;
+      wait(kc, it == 0);
+      if (it == 0) {
+        for (int i = threadIdx.x; i < T::BM * CPR; i += T::THREADS) {
+          const int r = i / CPR, c = (i % CPR) * 8, tok = m0 + r;
+          // Rows past the last token read as zeros: their scores stay finite and are never stored.
+          cp_async16(sQ + r * T::LDS + c, qkv + (size_t)min(tok, TOKENS - 1) * QKVW + q_col + c, tok < TOKENS);
+        }
+      }
+      for (int i = threadIdx.x; i < 2 * T::BK * CPR; i += T::THREADS) {
+        const int part = i / (T::BK * CPR), r = i / CPR % T::BK, c = (i % CPR) * 8;
+        bool ok;
+        const half_t* src = kv_row<TOKENS, CACHE, QKVW, D>(qkv, cache, kvh, kv_col, part, kc * T::BK + r, ok);
+        cp_async16((part ? sV : sK) + slot * T::KV_ELEMS + r * T::LDS + c, ok ? src + c : src, ok);
+      }
+    }
+    cp_async_commit();
+  };
+
+#pragma unroll
+  for (int it = 0; it < T::STAGES - 1; ++it) issue(it);
+
+  u32 qf[T::DK][4];
+  const int q_row0 = m0 + warp * 16 + lane / 4;  // this thread's first query; the second is 8 further
+  for (int it = 0; it < nk; ++it) {
+    cp_async_wait<T::STAGES - 2>();
+    __syncthreads();
+    issue(it + T::STAGES - 1);
+    if (it == 0) {
+#pragma unroll
+      for (int kk = 0; kk < T::DK; ++kk)
+        ldmatrix_x4(qf[kk], sQ + (warp * 16 + lane % 16) * T::LDS + kk * 16 + (lane / 16) * 8);
+    }
+    const half_t* k_s = sK + (it % T::STAGES) * T::KV_ELEMS;
+    const half_t* v_s = sV + (it % T::STAGES) * T::KV_ELEMS;
+    const int key0 = (kc_begin + it) * T::BK;
+
+    float s[T::SJ][4];
+#pragma unroll
+    for (int j = 0; j < T::SJ; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < T::DK; ++kk) {
+#pragma unroll
+      for (int j = 0; j < T::SJ; j += 2) {
+        u32 r[4];
+        ldmatrix_x4(r, k_s + (j * 8 + (lane / 16) * 8 + lane % 8) * T::LDS + kk * 16 + ((lane / 8) % 2) * 8);
+        mma16816(s[j], qf[kk], r[0], r[1]);
+        mma16816(s[j + 1], qf[kk], r[2], r[3]);
+      }
+    }
+
+    // Scale, mask (a query sees keys up to its own position), and the rows' new maxima.
+    float mx[2] = {sm.max[0], sm.max[1]};
+#pragma unroll
+    for (int j = 0; j < T::SJ; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + j * 8 + (lane % 4) * 2 + (e & 1), q = q_row0 + (e >= 2 ? 8 : 0);
+        s[j][e] = key <= CACHE + q ? s[j][e] * scale_log2 : NEG_INF;
+        mx[e >= 2] = fmaxf(mx[e >= 2], s[j][e]);
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    }
+    float base[2], corr[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      base[h] = mx[h] == NEG_INF ? 0.f : mx[h];  // a row with every key masked so far stays at zero
+      corr[h] = fast_exp2(sm.max[h] - base[h]);    // exp2(-inf) = 0 on the first chunk
+      sm.max[h] = mx[h];
+      sm.sum[h] *= corr[h];
+    }
+#pragma unroll
+    for (int j = 0; j < T::DI; ++j) {
+      acc[j][0] *= corr[0]; acc[j][1] *= corr[0];
+      acc[j][2] *= corr[1]; acc[j][3] *= corr[1];
+    }
+#pragma unroll
+    for (int j = 0; j < T::SJ; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = fast_exp2(s[j][e] - base[e >= 2]);
+        sm.sum[e >= 2] += s[j][e];
+      }
+
+    // O += P V: two score fragments (16 keys) make one A operand; V through ldmatrix.trans.
+#pragma unroll
+    for (int t = 0; t < T::BK / 16; ++t) {
+      const u32 pa[4] = {pack2(s[2 * t][0], s[2 * t][1]), pack2(s[2 * t][2], s[2 * t][3]),
+                         pack2(s[2 * t + 1][0], s[2 * t + 1][1]), pack2(s[2 * t + 1][2], s[2 * t + 1][3])};
+#pragma unroll
+      for (int j = 0; j < T::DI; j += 2) {
+        u32 r[4];
+        ldmatrix_x4_trans(r, v_s + (t * 16 + ((lane / 8) % 2) * 8 + lane % 8) * T::LDS + (j + lane / 16) * 8);
+        mma16816(acc[j], pa, r[0], r[1]);
+        mma16816(acc[j + 1], pa, r[2], r[3]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // the row sums over the quad of lanes that share the row
+    sm.sum[h] += __shfl_xor_sync(0xffffffffu, sm.sum[h], 1);
+    sm.sum[h] += __shfl_xor_sync(0xffffffffu, sm.sum[h], 2);
+  }
+}
+
+// Split-KV, the split that arrives last: fold the other splits' partial results into its own.
+// A split's partials are its threads' fragments in order (coalesced), then each thread's softmax
+// state as one float4.
+template <class T, int S>
+__device__ __forceinline__ void attention_combine(float (&acc)[T::DI][4], SoftmaxRows& sm, const float4* part, int s) {
+  const int tid = threadIdx.x;
+#pragma unroll 1
+  for (int s2 = 0; s2 < S; ++s2) {
+    if (s2 == s) continue;
+    const float4* p = part + (size_t)s2 * (T::DI + 1) * T::THREADS;
+    const float4 st = __ldcg(p + T::DI * T::THREADS + tid);
+    const float other_max[2] = {st.x, st.y}, other_sum[2] = {st.z, st.w};
+    float mine[2], theirs[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float mx = fmaxf(sm.max[h], other_max[h]);
+      const float b = mx == __int_as_float(0xff800000u) ? 0.f : mx;
+      mine[h] = fast_exp2(sm.max[h] - b);
+      theirs[h] = fast_exp2(other_max[h] - b);
+      sm.max[h] = mx;
+      sm.sum[h] = sm.sum[h] * mine[h] + other_sum[h] * theirs[h];
+    }
+#pragma unroll
+    for (int j = 0; j < T::DI; ++j) {
+      const float4 v = __ldcg(p + j * T::THREADS + tid);
+      acc[j][0] = acc[j][0] * mine[0] + v.x * theirs[0];
+      acc[j][1] = acc[j][1] * mine[0] + v.y * theirs[0];
+      acc[j][2] = acc[j][2] * mine[1] + v.z * theirs[1];
+      acc[j][3] = acc[j][3] * mine[1] + v.w * theirs[1];
+    }
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void attention_store_partial(const float (&acc)[T::DI][4], const SoftmaxRows& sm,
+                                                        float4* part, int s) {
+  const int tid = threadIdx.x;
+  float4* p = part + (size_t)s * (T::DI + 1) * T::THREADS;
+#pragma unroll
+  for (int j = 0; j < T::DI; ++j) __stcg(p + j * T::THREADS + tid, make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
+  __stcg(p + T::DI * T::THREADS + tid, make_float4(sm.max[0], sm.max[1], sm.sum[0], sm.sum[1]));
+}
+
+// O / sum, stored as fp16 into out[token, head * D + col] for the tile's tokens.
+template <class T, int TOKENS, int HEADS>
+__device__ __forceinline__ void attention_store(const float (&acc)[T::DI][4], const SoftmaxRows& sm,
+                                                half_t* __restrict__ out, int m0, int head) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const float inv[2] = {sm.sum[0] > 0.f ? 1.f / sm.sum[0] : 0.f, sm.sum[1] > 0.f ? 1.f / sm.sum[1] : 0.f};
+#pragma unroll
+  for (int j = 0; j < T::DI; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int tok = m0 + warp * 16 + lane / 4 + h * 8, col = head * T::D + j * 8 + (lane % 4) * 2;
+      if (tok < TOKENS)
+        *reinterpret_cast<u32*>(out + (size_t)tok * HEADS * T::D + col) =
+            pack2(acc[j][2 * h] * inv[h], acc[j][2 * h + 1] * inv[h]);
+    }
+}

@@ -1,0 +1,203 @@
+"""The attention stage kind: its layouts and reference, its index map under the checker, its space."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tuner import checker, sync
+from tuner.backends.base import Backend, DeviceInfo, Measurement
+from tuner.checker import Protocol, check, check_soundness
+from tuner.config import Config, StageTiles
+from tuner.expr import Expr
+from tuner.paths import home
+from tuner.space import load_space
+from tuner.stages import attention
+from tuner.sync import POLICIES
+from tuner.workloads import WorkloadError, get_workload
+
+H200 = DeviceInfo("test H200")
+GEMM = StageTiles(64, 128, 64, 2, 2, 3)
+
+
+def attn(bm: int = 16, bk: int = 64, split_k: int = 1, stages: int = 2) -> StageTiles:
+    return StageTiles(bm, 128, bk, bm // 16, 1, stages, split_k)
+
+
+def naive(qkv: np.ndarray, cache: np.ndarray, st: attention.AttentionStage) -> np.ndarray:
+    """One query and one head at a time, in float64, from the layouts the module docstring gives."""
+    d, g = st.head_dim, st.group
+    out = np.zeros((st.tokens, st.heads * d))
+    for t in range(st.tokens):
+        for head in range(st.heads):
+            kvh = head // g
+            base = kvh * (g + 2) * d
+            q = qkv[t, base + head % g * d: base + head % g * d + d].astype(np.float64)
+            keys, values = [], []
+            for j in range(st.cache + t + 1):  # causal: up to its own position
+                if j < st.cache:
+                    keys.append(cache[(kvh * 2) * st.cache + j])
+                    values.append(cache[(kvh * 2 + 1) * st.cache + j])
+                else:
+                    keys.append(qkv[j - st.cache, base + g * d: base + g * d + d])
+                    values.append(qkv[j - st.cache, base + g * d + d: base + g * d + 2 * d])
+            s = np.array(keys, dtype=np.float64) @ q / math.sqrt(d)
+            p = np.exp(s - s.max())
+            out[t, head * d:(head + 1) * d] = p @ np.array(values, dtype=np.float64) / p.sum()
+    return out
+
+
+def inputs(st: attention.AttentionStage, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    shape, scale = attention.b_operand(st)
+    return (rng.uniform(-1, 1, st.a_shape).astype(np.float16),
+            rng.uniform(-scale, scale, shape).astype(np.float16))
+
+
+@pytest.mark.parametrize("tokens,cache,heads,kv_heads", [(5, 0, 2, 2), (3, 7, 4, 1), (4, 6, 4, 2)])
+def test_the_reference_is_causal_softmax_attention_over_the_cache_and_the_new_tokens(tokens, cache, heads, kv_heads):
+    st = attention.AttentionStage("attn", tokens, cache, heads, kv_heads, 64)
+    qkv, kv = inputs(st)
+    ref = attention.reference(np, qkv.astype(np.float32), kv.astype(np.float32), st)
+    assert ref.shape == (tokens, heads * 64)
+    np.testing.assert_allclose(ref, naive(qkv, kv, st), rtol=1e-4, atol=1e-5)
+
+
+def test_the_chain_a_cupy_user_writes_computes_the_same_attention():
+    st = attention.AttentionStage("attn", 4, 6, 4, 2, 64)
+    qkv, kv = inputs(st, seed=1)
+    got = attention.cupy_stage(np, qkv, kv, st).astype(np.float64)  # numpy in CuPy's place
+    np.testing.assert_allclose(got, naive(qkv, kv, st), atol=2e-3)
+
+
+def test_the_layer_sizes_follow_the_models():
+    gpt3 = get_workload("gpt3-attn").chain(tokens=4)
+    qkv, att, out = gpt3.stages
+    assert (qkv.n, qkv.k) == (3 * 12 * 128, 12288) and att.a_from == 0 and out.a_from == 1
+    assert (att.m, att.n, att.k) == (4, 12 * 128, 1024 + 4) and (out.n, out.k) == (12288, 1536)
+    llama = get_workload("llama-attn").chain(tokens=1, cache=2048)
+    assert llama.stages[0].n == (8 + 2) * 128 and llama.stages[1].group == 8
+    assert llama.stages[1].weight_bytes == 2 * 2048 * 128 * 2  # the cache, read once
+
+
+@pytest.mark.parametrize("size,message", [
+    ({"tokens": 4, "cache": -1}, "--cache -1: accepted: an integer of at least 0"),
+    ({"tokens": 0}, "--tokens 0: accepted: a positive integer"),
+    ({"tokens": 4, "heads": 12, "kv_heads": 5}, "12 query heads do not share 5 KV heads evenly"),
+    ({"tokens": 4, "head_dim": 96}, "head size 96; accepted: 64, 128"),
+])
+def test_bad_sizes_are_one_line_errors(size, message):
+    with pytest.raises(WorkloadError, match=message):
+        get_workload("gpt3-attn").chain(**size)
+
+
+def test_a_prompt_has_an_empty_cache():
+    chain = get_workload("llama-attn").chain(tokens=512, cache=0)
+    assert chain.stages[1].k == 512 and attention.b_operand(chain.stages[1])[0] == (0, 128)
+
+
+SIZES = [("gpt3-attn", {"tokens": t}) for t in (1, 4, 16)] + [("llama-attn", {"tokens": t, "cache": 2048})
+                                                              for t in (1, 16)]
+SIZES += [("gpt3-attn", {"tokens": 512, "cache": 0}), ("llama-attn", {"tokens": 3, "cache": 1500}),
+          ("llama-attn", {"tokens": 1000, "cache": 0})]
+
+
+@pytest.mark.parametrize("workload,size", SIZES)
+@pytest.mark.parametrize("policy,launch", [("tile", "two_stream"), ("row", "two_stream"), ("tile", "fused"),
+                                           ("row", "fused")])
+def test_the_shipped_policies_are_sound_and_deadlock_free_on_attention(workload, size, policy, launch):
+    chain = get_workload(workload).chain(**size)
+    tokens = size["tokens"]
+    tilings = [attn(16, 64, split_k=4 if tokens < 64 else 1), attn(64 if tokens >= 64 else 16, 128)]
+    for a in tilings:
+        cfg = Config((GEMM, a, GEMM), policy, "row", "ticket" if launch == "fused" else "block", launch)
+        assert check(chain, cfg) is None, (cfg.short(), check(chain, cfg))
+
+
+def _wrong_head(regions):
+    """The index map with every tile reading the next head's columns instead of its own."""
+    return tuple({k: v.substitute({"n2": Expr("(n2 + 1) % NT2")}) for k, v in r.items()} for r in regions)
+
+
+@pytest.fixture
+def wrong_head(monkeypatch):
+    monkeypatch.setattr(attention, "REGIONS", _wrong_head(attention.REGIONS))
+    for cached in (sync._bound, checker.pair_model, checker._check, checker._layout_of):
+        cached.cache_clear()
+    yield
+    for cached in (sync._bound, checker.pair_model, checker._check, checker._layout_of):
+        cached.cache_clear()
+
+
+@pytest.mark.parametrize("workload,size", [("gpt3-attn", {"tokens": 4}), ("llama-attn", {"tokens": 512, "cache": 0})])
+def test_a_policy_that_waits_on_the_wrong_head_is_refused_naming_the_tile(workload, size, wrong_head):
+    chain = get_workload(workload).chain(**size)
+    cfg = Config((GEMM, attn(16, 64), GEMM), "tile", "row", "block", "two_stream")
+    prod, cons, _ = cfg.grids(chain)
+    why = check_soundness(prod, cons, POLICIES["tile"])
+    assert why is not None and why.startswith("attn tile (m=0, n=0, s=0) chunk 0 (keys 0..63) reads qkv tile "), why
+    assert check(chain, cfg) == why
+    # Waiting for whole rows of the projection covers every head: the row policy stays sound.
+    assert check(chain, Config((GEMM, attn(16, 64), GEMM), "row", "row", "block", "two_stream")) is None
+
+
+def test_the_attention_waits_per_head_but_the_output_projection_per_row():
+    chain = get_workload("gpt3-attn").chain(tokens=4)
+    proto = Protocol.of(chain, Config((GEMM, attn(16, 64, split_k=4), GEMM), "tile", "row", "block", "two_stream"))
+    grids = proto.grids
+    assert checker.wait_columns(grids[1]) == grids[1].nt == 12 and checker.wait_columns(grids[2]) == 1
+    model = checker.pair_model(grids[0], grids[1], POLICIES["tile"])
+    # Head 5 of GPT-3 (one head per group) reads columns 5*384 .. 5*384+383 of the projection:
+    # its queries (tile column 15 of 128 columns) on each split's first chunk, its keys and
+    # values (16, 17) on the chunk that holds the new tokens, the last.
+    head5 = model.m2 == 5
+    waited = sorted(set(zip(model.kc[head5].tolist(), (model.sem[head5] % grids[0].nt).tolist())))
+    ks = grids[1].ks
+    assert waited == sorted({(s * ks, 15) for s in range(4)} | {(grids[1].kc - 1, 16), (grids[1].kc - 1, 17)})
+
+
+def test_the_space_keeps_one_head_per_tile_and_mma_sync():
+    chain = get_workload("gpt3-attn").chain(tokens=16, cache=2048)
+    fs = load_space(home() / "search_spaces" / "gpt3-attn.toml").feasible(chain, H200)
+    d = fs.domains()
+    assert d["gemm2.bn"] == [128] and d["gemm2.mma"] == ["sync"] and d["gemm2.wn"] == [1]
+    assert all(g.tiles.bm == 16 * g.tiles.wm for g in fs.tilings[1])
+    assert {g.tiles.split_k for g in fs.tilings[1]} >= {1, 2, 4, 8}
+
+
+class ModelBackend(Backend):
+    """Answers with the cost model's estimate (no device; not a measurement) and asserts that every
+    config it is asked to time passed the space and the checker."""
+
+    name = "cost-model"
+
+    def __init__(self, chain, fs):
+        self.chain, self.fs, self.calls = chain, fs, []
+
+    def device_info(self):
+        return H200
+
+    def measure(self, chain, cfg):
+        from tuner.model import stage_seconds
+
+        if len(chain.stages) == len(self.chain.stages):
+            assert self.fs.contains(cfg) is None and check(chain, cfg) is None, cfg.short()
+        self.calls.append((chain.label, cfg))
+        us = 1e6 * sum(stage_seconds(g, H200) for g in cfg.grids(chain))
+        return Measurement(ok=True, median_us=us, times_us=[us], error=1e-4)
+
+
+def test_the_staged_search_tunes_an_attention_layer_end_to_end(tmp_path):
+    """The default strategy on a decode layer: stages alone, then verified chains under every sync choice."""
+    from tuner.study import run_study
+
+    chain = get_workload("llama-attn").chain(tokens=4)
+    space = load_space(home() / "search_spaces" / "llama-attn.toml")
+    backend = ModelBackend(chain, space.feasible(chain, H200))
+    out = run_study(chain, space, backend, f"sqlite:///{tmp_path / 's.db'}", trials=150, final=False)
+    assert out.summary.best_us is not None
+    alone = {label for label, _ in backend.calls if label != chain.label}
+    assert alone == {f"llama-attn.{s.name}/{chain.label.split('/', 1)[1]}" for s in chain.stages}
+    policies = {cfg.policy for label, cfg in backend.calls if label == chain.label}
+    assert policies == {"stream", "tile", "row"}
