@@ -92,13 +92,18 @@ def test_cubins_compiled_on_another_host_load_without_recompiling(tmp_path):
     print(f"carried cache: {hits} hits, 0 compiles; built by NVRTC {mod.toolkit}, here {tc.toolkit_version()}")
 
 
-@pytest.mark.parametrize("workload", ["gpt3", "llama"])
-def test_the_baselines_compute_the_chain_they_are_timed_as(backend, workload):
-    """Each epilogue's CuPy and PyTorch forms (tuner.epilogues) against the float32 reference."""
+@pytest.mark.parametrize("workload,size", [("gpt3", dict(tokens=100, hidden=1032, ffn=776)),
+                                           ("llama", dict(tokens=100, hidden=1032, ffn=776)),
+                                           ("gpt3-attn", dict(tokens=4)), ("llama-attn", dict(tokens=3, cache=1500)),
+                                           ("gpt3-attn", dict(tokens=512, cache=0))],
+                         ids=lambda s: s if isinstance(s, str) else ",".join(f"{k}={v}" for k, v in s.items()))
+def test_the_baselines_compute_the_chain_they_are_timed_as(backend, workload, size):
+    """Each epilogue's and stage kind's CuPy and PyTorch forms (the attention's: SDPA) against the
+    float32 reference."""
     from tuner.backends.gpu import VERIFY_TOL, reference, rel_error
     from tuner.baselines import cupy_chain, torch_chains
 
-    chain = get_workload(workload).chain(tokens=100, hidden=1032, ffn=776)
+    chain = get_workload(workload).chain(**size)
     p = backend.problem(chain)
     ref = reference(chain, p.xs[0], p.ws[0])
     assert rel_error(cupy_chain(chain, p.xs[0], p.ws[0])(), ref) < VERIFY_TOL
@@ -273,22 +278,3 @@ def test_every_combination_is_correct_for_attention(backend, workload, size, mma
         if not m.ok:
             failures.append(f"{cfg.short()}: {m.reason}: {m.message}")
     assert not failures, "\n".join(failures)
-
-
-@pytest.mark.parametrize("workload,size", [("gpt3-attn", dict(tokens=4)), ("llama-attn", dict(tokens=3, cache=1500)),
-                                           ("gpt3-attn", dict(tokens=512, cache=0))],
-                         ids=lambda s: s if isinstance(s, str) else ",".join(f"{k}={v}" for k, v in s.items()))
-def test_the_attention_baselines_compute_the_layer_they_are_timed_as(backend, workload, size):
-    """The CuPy user's attention and PyTorch's (SDPA) against the float32 reference."""
-    from tuner.backends.gpu import VERIFY_TOL, reference, rel_error
-    from tuner.baselines import cupy_chain, torch_chains
-
-    chain = get_workload(workload).chain(**size)
-    p = backend.problem(chain)
-    ref = reference(chain, p.xs[0], p.ws[0])
-    assert rel_error(cupy_chain(chain, p.xs[0], p.ws[0])(), ref) < VERIFY_TOL
-    eager = torch_chains(chain, p.xs[0], p.ws[0]).get("torch eager")
-    if eager is not None:
-        import cupy as cp
-
-        assert rel_error(cp.asarray(eager()), ref) < VERIFY_TOL

@@ -17,7 +17,7 @@ from typing import Callable, NoReturn, Sequence
 
 from . import UsageError, __version__, shortlist
 from .store import DEFAULT_STORAGE, check_exists
-from .workloads import WORKLOADS, WorkloadError, get_workload, size_flags
+from .workloads import WORKLOADS, WorkloadError, flag, get_workload, size_flags
 
 USER_ERRORS = (UsageError, WorkloadError)
 EXIT_USAGE = 2
@@ -67,14 +67,15 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _int_list(text: str) -> tuple[int, ...]:
+def _int_list(text: str, least: int = 1) -> tuple[int, ...]:
     parts = [p.strip() for p in text.split(",")]
     try:
         values = tuple(int(p) for p in parts)
     except ValueError:
         values = ()
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas (e.g. 64,2048), got {text!r}")
+    if not values or any(v < least for v in values):
+        what = "positive integers" if least == 1 else f"integers of at least {least}"
+        raise argparse.ArgumentTypeError(f"expected {what} separated by commas (e.g. 64,2048), got {text!r}")
     return values
 
 
@@ -125,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
         everyone = set(WORKLOADS)
         for name, (doc, owners) in size_flags().items():
             whose = "" if set(owners) == everyone else f" ({', '.join(owners)})"
-            p.add_argument(f"--{name}", type=_int_list, metavar="LIST", help=f"{doc}, comma separated{whose}")
+            least = min(get_workload(w).size_param(name).least for w in owners)
+            p.add_argument(flag(name), dest=name, type=lambda text, least=least: _int_list(text, least), metavar="LIST",
+                           help=f"{doc}, comma separated{whose}")
 
     from .backends import BACKENDS  # noqa: PLC0415
     from .strategies import DEFAULT as DEFAULT_STRATEGY  # noqa: PLC0415
@@ -289,7 +292,7 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
                 mine = sorted((lb for lb in recorded if lb.startswith(f"{wl.name}/")), key=_size_key)
                 raise UsageError(f"the recordings hold no size of this sweep; recorded {wl.name} sizes: "
                                  f"{shortlist(lb.split('/', 1)[1] for lb in mine) or 'none'}; "
-                                 f"accepted: those sizes (--{wl.sweep_param} ...), or a GPU")
+                                 f"accepted: those sizes ({flag(wl.sweep_param)} ...), or a GPU")
             chains = runnable
         warm_file = None if args.no_warm_start else (args.warm_start or home() / "studies" / f"{wl.name}.bench.json")
         if args.warm_start is not None and not args.no_warm_start and not args.warm_start.is_file():

@@ -104,8 +104,8 @@ class Workload:
             if value is None:
                 continue
             if key not in self.params:
-                raise WorkloadError(f"workload {self.name} has no size --{key}; accepted: "
-                                    f"{', '.join('--' + p for p in self.params)}")
+                raise WorkloadError(f"workload {self.name} has no size {flag(key)}; accepted: "
+                                    f"{', '.join(flag(p) for p in self.params)}")
             given[key] = tuple(value) if isinstance(value, (tuple, list)) else (value,)
         bases = [base] if base else list(self.builtin) or [{self.sweep_param: self.sweep}]
         out: list[dict[str, int]] = []
@@ -133,16 +133,16 @@ class Workload:
                                 f"accepted: {', '.join(self.params)}")
         full = {**self.defaults, **size}
         if self.sweep_param not in full:
-            raise WorkloadError(f"workload {self.name}: --{self.sweep_param} is required")
+            raise WorkloadError(f"workload {self.name}: {flag(self.sweep_param)} is required")
         for key, val in full.items():
             least = self.size_param(key).least
             if not isinstance(val, int) or isinstance(val, bool) or val < least:
                 what = "a positive integer" if least == 1 else f"an integer of at least {least}"
-                raise WorkloadError(f"workload {self.name}: --{key} {val!r}: accepted: {what}")
+                raise WorkloadError(f"workload {self.name}: {flag(key)} {val!r}: accepted: {what}")
             mult = self.size_param(key).multiple_of
             if val % mult:
                 near = " or ".join(str(v) for v in (val // mult * mult, val // mult * mult + mult) if v)
-                raise WorkloadError(f"workload {self.name}: --{key} {val}: accepted: a positive multiple of {mult} "
+                raise WorkloadError(f"workload {self.name}: {flag(key)} {val}: accepted: a positive multiple of {mult} "
                                     f"(nearest: {near})")
         ordered = tuple((k, full[k]) for k in self.params)
         return Chain(self.name, ordered, self.build(full))
@@ -191,6 +191,13 @@ _ATTN_REGIMES = ({"tokens": (1, 4), "cache": (1024,)}, {"tokens": (16,), "cache"
                  {"tokens": (512, 1024, 2048), "cache": (0,)})
 
 
+def _attention(name: str, model: str, heads_doc: str, hidden: int, heads: int, kv_heads: int) -> "Workload":
+    return Workload(name, f"{model} attention layer, 8-way tensor parallel ({heads_doc}): QKV GEMM, causal "
+                    "attention over a KV cache, output GEMM, fp16; decode (a few tokens on a cache) and prompts (cache 0)",
+                    "tokens", (1, 4, 16), {"cache": 1024, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
+                                           "head_dim": 128}, _attention_layer, _ATTN_SIZES, builtin=_ATTN_REGIMES)
+
+
 def _layers(*layers: tuple[int, int, int, int]) -> tuple[tuple[Mapping[str, int], int], ...]:
     """(square resolution, channels, chain depth, multiplicity) per layer."""
     return tuple(({"height": r, "width": r, "channels": c, "depth": d}, n) for r, c, d, n in layers)
@@ -215,19 +222,14 @@ WORKLOADS: dict[str, Workload] = {
                       "(layers 28x28x256, 14x14x512, and the 56x56x128 pair)",
                       "batch", (1, 4, 8, 16, 32), {"height": 28, "width": 28, "channels": 256, "depth": 4},
                       _conv_chain, _CONV_SIZES, _layers((56, 128, 2, 1), (28, 256, 4, 1), (14, 512, 4, 1))),
-    "gpt3-attn": Workload("gpt3-attn", "GPT-3 175B attention layer, 8-way tensor parallel (12 heads of 128 per GPU): "
-                          "QKV GEMM, causal attention over a KV cache, output GEMM, fp16; "
-                          "decode (a few tokens on a cache) and prompts (cache 0)",
-                          "tokens", (1, 4, 16), {"cache": 1024, "hidden": 12288, "heads": 12, "kv_heads": 12,
-                                                 "head_dim": 128}, _attention_layer, _ATTN_SIZES,
-                          builtin=_ATTN_REGIMES),
-    "llama-attn": Workload("llama-attn", "LLaMA-2 70B attention layer, 8-way tensor parallel (8 query heads sharing "
-                           "1 KV head per GPU): QKV GEMM, causal attention over a KV cache, output GEMM, fp16; "
-                           "decode (a few tokens on a cache) and prompts (cache 0)",
-                           "tokens", (1, 4, 16), {"cache": 1024, "hidden": 8192, "heads": 8, "kv_heads": 1,
-                                                  "head_dim": 128}, _attention_layer, _ATTN_SIZES,
-                           builtin=_ATTN_REGIMES),
+    "gpt3-attn": _attention("gpt3-attn", "GPT-3 175B", "12 heads of 128 per GPU", 12288, 12, 12),
+    "llama-attn": _attention("llama-attn", "LLaMA-2 70B", "8 query heads sharing 1 KV head per GPU", 8192, 8, 1),
 }
+
+
+def flag(size: str) -> str:
+    """A size's command-line flag: ``kv_heads`` is ``--kv-heads``."""
+    return "--" + size.replace("_", "-")
 
 
 def size_flags() -> dict[str, tuple[str, tuple[str, ...]]]:
