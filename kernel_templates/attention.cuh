@@ -1,25 +1,41 @@
 // One attention tile: BM queries of one head against keys [kc_begin*BK, kc_end*BK) (a split of
 // the keys), causal, with an online softmax (see tuner/stages/attention.py for the layouts).
 //
-// Each warp owns 16 queries. Its queries' fragments stay in registers for the whole tile; keys and
-// values stream through a ring of STAGES chunks in shared memory (cp.async, rows padded by 16
-// bytes as in gemm.cuh). Scores S = Q K^T and the weighted sum O += P V run on mma.sync
-// m16n8k16; P goes from the score accumulators to the A operand in registers, never through
-// shared memory. Softmax in base 2: scores are scaled by scale_log2 = log2(e) / sqrt(D).
+// The block's WM x WN warps: WM rows of 16 queries, each row's WN warps splitting every chunk's
+// keys between them (WN > 1 gives a few queries more warps, so more loads in flight, and lets a
+// tile match the thread count of the GEMMs of a fused launch); at the end the WN partial results
+// of a row are merged through shared memory into its first warp. A warp's query fragments stay in
+// registers for the whole tile; keys and values stream through a ring of STAGES chunks in shared
+// memory (cp.async, rows padded by 16 bytes as in gemm.cuh). Scores S = Q K^T and the weighted
+// sum O += P V run on mma.sync m16n8k16; P goes from the score accumulators to the A operand in
+// registers, never through shared memory. Softmax in base 2: scores are scaled by
+// scale_log2 = log2(e) / sqrt(D).
 #pragma once
 
-template <int BM_, int D_, int BK_, int WM_, int STAGES_>
+// The running softmax of a thread's two query rows (lane / 4 and lane / 4 + 8 of its warp): the
+// largest scaled score seen, and the sum of exp2(score - max) over the thread's columns.
+struct SoftmaxRows {
+  float max[2], sum[2];
+};
+
+template <int BM_, int D_, int BK_, int WM_, int WN_, int STAGES_>
 struct AttnTile {
-  static constexpr int BM = BM_, D = D_, BN = D_, BK = BK_, WM = WM_, STAGES = STAGES_;
-  static constexpr int THREADS = WM * 32, MMA_THREADS = THREADS;
-  static constexpr int LDS = D + 8;  // halves per shared row
+  static constexpr int BM = BM_, D = D_, BN = D_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
+  static constexpr int THREADS = WM * WN * 32, MMA_THREADS = THREADS;
+  static constexpr int HOLDERS = WM * 32;  // threads of the warps that hold a row's merged result
+  static constexpr int LDS = D + 8;        // halves per shared row
   static constexpr int Q_ELEMS = BM * LDS, KV_ELEMS = BK * LDS;
-  static constexpr int DI = D / 8;   // output fragments (8 columns each) per warp
-  static constexpr int SJ = BK / 8;  // score fragments per chunk
-  static constexpr int DK = D / 16;  // k-steps of the scores
-  static_assert(BM == 16 * WM, "a warp owns 16 queries");
-  static_assert(BK % 16 == 0 && D % 16 == 0, "chunks and heads in steps of 16");
+  static constexpr int KW = BK / WN;  // keys of a chunk per warp
+  static constexpr int DI = D / 8;    // output fragments (8 columns each) per warp
+  static constexpr int SJ = KW / 8;   // score fragments per chunk
+  static constexpr int DK = D / 16;   // k-steps of the scores
+  static_assert(BM == 16 * WM, "a row of warps owns 16 queries");
+  static_assert(KW % 16 == 0 && D % 16 == 0, "a warp's keys and the head in steps of 16");
   static_assert(STAGES >= 2, "at least two chunks in flight");
+  // This thread's warp row, the keys of a chunk it takes, and its slot among the holders.
+  __device__ static int row() { return threadIdx.x / 32 / WN; }
+  __device__ static int part() { return threadIdx.x / 32 % WN; }
+  __device__ static int slot() { return row() * 32 + threadIdx.x % 32; }
 };
 
 __device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], const void* p) {
@@ -33,11 +49,53 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// The running softmax of this thread's two query rows (lane / 4 and lane / 4 + 8 of its warp):
-// the largest scaled score seen, and the sum of exp2(score - max) over this thread's columns.
-struct SoftmaxRows {
-  float max[2], sum[2];
-};
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+
+// A float4 to and from global memory (at L2: another block reads it) or shared memory.
+template <bool GLOBAL>
+__device__ __forceinline__ void put4(float4* p, float4 v) {
+  if constexpr (GLOBAL) __stcg(p, v); else *p = v;
+}
+template <bool GLOBAL>
+__device__ __forceinline__ float4 get4(const float4* p) {
+  if constexpr (GLOBAL) return __ldcg(p); else return *p;
+}
+
+// A partial result as one thread stores it: its DI output fragments, then its rows' softmax
+// state, each a float4 `stride` apart (consecutive threads consecutive: coalesced).
+template <class T, bool GLOBAL>
+__device__ __forceinline__ void softmax_store(const float (&acc)[T::DI][4], const SoftmaxRows& sm, float4* p,
+                                              int stride) {
+#pragma unroll
+  for (int j = 0; j < T::DI; ++j) put4<GLOBAL>(p + j * stride, make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
+  put4<GLOBAL>(p + T::DI * stride, make_float4(sm.max[0], sm.max[1], sm.sum[0], sm.sum[1]));
+}
+
+// Fold another partial result of the same query rows (as softmax_store left it) into this one:
+// both rescaled to the larger maximum, then added.
+template <class T, bool GLOBAL>
+__device__ __forceinline__ void softmax_merge(float (&acc)[T::DI][4], SoftmaxRows& sm, const float4* p, int stride) {
+  const float4 st = get4<GLOBAL>(p + T::DI * stride);
+  const float other_max[2] = {st.x, st.y}, other_sum[2] = {st.z, st.w};
+  float mine[2], theirs[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float mx = fmaxf(sm.max[h], other_max[h]);
+    const float b = mx == neg_inf() ? 0.f : mx;  // both saw no key yet: stay at zero
+    mine[h] = fast_exp2(sm.max[h] - b);
+    theirs[h] = fast_exp2(other_max[h] - b);
+    sm.max[h] = mx;
+    sm.sum[h] = sm.sum[h] * mine[h] + other_sum[h] * theirs[h];
+  }
+#pragma unroll
+  for (int j = 0; j < T::DI; ++j) {
+    const float4 v = get4<GLOBAL>(p + j * stride);
+    acc[j][0] = acc[j][0] * mine[0] + v.x * theirs[0];
+    acc[j][1] = acc[j][1] * mine[0] + v.y * theirs[0];
+    acc[j][2] = acc[j][2] * mine[1] + v.z * theirs[1];
+    acc[j][3] = acc[j][3] * mine[1] + v.w * theirs[1];
+  }
+}
 
 // Where key `key` of KV head `kvh` lives: the cache for keys before CACHE, the QKV projection's
 // output for the new tokens after it; `part` 0 = keys, 1 = values. ok is false past the last key.
@@ -50,18 +108,20 @@ __device__ __forceinline__ const half_t* kv_row(const half_t* qkv, const half_t*
   return qkv + (size_t)(key - CACHE) * QKVW + kv_col + part * D;
 }
 
-// The tile's partial result: O unnormalized (acc) and its rows' softmax state. Chunks past the
-// tile's last query are skipped (causal), so a split may compute nothing: max = -inf, sum = 0.
+// The tile's partial result: O unnormalized (acc) and its rows' softmax state, held by the first
+// warp of each warp row (T::part() == 0) on return. Chunks past the tile's last query are skipped
+// (causal), so a split may compute nothing: max = -inf, sum = 0. `wait(kc, first)` runs in every
+// thread before chunk kc's keys and values (and, on the first, the queries) are copied.
 template <class T, int TOKENS, int CACHE, int HEADS, int G, class Wait>
 __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], SoftmaxRows& sm,
                                                    const half_t* __restrict__ qkv, const half_t* __restrict__ cache,
                                                    int m0, int head, int kc_begin, int kc_end, half_t* smem,
                                                    Wait wait, float scale_log2) {
   constexpr int D = T::D, QKVW = (HEADS + 2 * (HEADS / G)) * D, GROUP_W = (G + 2) * D;
-  const float NEG_INF = __int_as_float(0xff800000u);
+  constexpr int CPR = D / 8;  // 16-byte pieces per row
   const int kvh = head / G;
   const int q_col = kvh * GROUP_W + (head % G) * D, kv_col = kvh * GROUP_W + G * D;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, wrow = T::row(), wkeys = T::part() * T::KW;
   const int last_key = CACHE + min(m0 + T::BM, TOKENS) - 1;
   kc_end = min(kc_end, last_key / T::BK + 1);
   const int nk = kc_end - kc_begin;
@@ -70,14 +130,13 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
   for (int j = 0; j < T::DI; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
-  sm.max[0] = sm.max[1] = NEG_INF;
+  sm.max[0] = sm.max[1] = neg_inf();
   sm.sum[0] = sm.sum[1] = 0.f;
   if (nk <= 0) return;
 
   half_t* sQ = smem;
   half_t* sK = smem + T::Q_ELEMS;
   half_t* sV = sK + T::STAGES * T::KV_ELEMS;
-  constexpr int CPR = D / 8;  // 16-byte pieces per row
 
   auto issue = [&](int it) {
     if (it < nk) {
@@ -97,26 +156,27 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
         cp_async16((part ? sV : sK) + slot * T::KV_ELEMS + r * T::LDS + c, ok ? src + c : src, ok);
       }
     }
-    cp_async_commit();
+    cp_async_commit();  // an empty group past the end keeps the wait_group count uniform
   };
 
 #pragma unroll
   for (int it = 0; it < T::STAGES - 1; ++it) issue(it);
 
   u32 qf[T::DK][4];
-  const int q_row0 = m0 + warp * 16 + lane / 4;  // this thread's first query; the second is 8 further
+  const int q_row0 = m0 + wrow * 16 + lane / 4;  // this thread's first query; the second is 8 further
   for (int it = 0; it < nk; ++it) {
     cp_async_wait<T::STAGES - 2>();
     __syncthreads();
+    // The slot refilled next was last read in iteration it-1, which every thread has left.
     issue(it + T::STAGES - 1);
     if (it == 0) {
 #pragma unroll
       for (int kk = 0; kk < T::DK; ++kk)
-        ldmatrix_x4(qf[kk], sQ + (warp * 16 + lane % 16) * T::LDS + kk * 16 + (lane / 16) * 8);
+        ldmatrix_x4(qf[kk], sQ + (wrow * 16 + lane % 16) * T::LDS + kk * 16 + (lane / 16) * 8);
     }
-    const half_t* k_s = sK + (it % T::STAGES) * T::KV_ELEMS;
-    const half_t* v_s = sV + (it % T::STAGES) * T::KV_ELEMS;
-    const int key0 = (kc_begin + it) * T::BK;
+    const half_t* k_s = sK + (it % T::STAGES) * T::KV_ELEMS + wkeys * T::LDS;
+    const half_t* v_s = sV + (it % T::STAGES) * T::KV_ELEMS + wkeys * T::LDS;
+    const int key0 = (kc_begin + it) * T::BK + wkeys;
 
     float s[T::SJ][4];
 #pragma unroll
@@ -141,18 +201,18 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = key0 + j * 8 + (lane % 4) * 2 + (e & 1), q = q_row0 + (e >= 2 ? 8 : 0);
-        s[j][e] = key <= CACHE + q ? s[j][e] * scale_log2 : NEG_INF;
+        s[j][e] = key <= CACHE + q ? s[j][e] * scale_log2 : neg_inf();
         mx[e >= 2] = fmaxf(mx[e >= 2], s[j][e]);
       }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < 2; ++h) {  // the four lanes of a quad share a row
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
     }
     float base[2], corr[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      base[h] = mx[h] == NEG_INF ? 0.f : mx[h];  // a row with every key masked so far stays at zero
+      base[h] = mx[h] == neg_inf() ? 0.f : mx[h];  // a row with every key masked so far stays at zero
       corr[h] = fast_exp2(sm.max[h] - base[h]);    // exp2(-inf) = 0 on the first chunk
       sm.max[h] = mx[h];
       sm.sum[h] *= corr[h];
@@ -172,7 +232,7 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
 
     // O += P V: two score fragments (16 keys) make one A operand; V through ldmatrix.trans.
 #pragma unroll
-    for (int t = 0; t < T::BK / 16; ++t) {
+    for (int t = 0; t < T::KW / 16; ++t) {
       const u32 pa[4] = {pack2(s[2 * t][0], s[2 * t][1]), pack2(s[2 * t][2], s[2 * t][3]),
                          pack2(s[2 * t + 1][0], s[2 * t + 1][1]), pack2(s[2 * t + 1][2], s[2 * t + 1][3])};
 #pragma unroll
@@ -185,68 +245,53 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
     }
   }
   cp_async_wait<0>();
-  __syncthreads();
+  __syncthreads();  // the ring is free from here
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {  // the row sums over the quad of lanes that share the row
+  for (int h = 0; h < 2; ++h) {  // the row sums over the quad
     sm.sum[h] += __shfl_xor_sync(0xffffffffu, sm.sum[h], 1);
     sm.sum[h] += __shfl_xor_sync(0xffffffffu, sm.sum[h], 2);
+  }
+  if constexpr (T::WN > 1) {
+    // The warps of a row hand their partial results to its first warp through the free ring.
+    float4* buf = reinterpret_cast<float4*>(smem);
+    constexpr int PER = (T::DI + 1) * 32;  // float4s per warp
+    if (T::part() > 0)
+      softmax_store<T, false>(acc, sm, buf + (wrow * (T::WN - 1) + T::part() - 1) * PER + lane, 32);
+    __syncthreads();
+    if (T::part() == 0)
+      for (int w = 1; w < T::WN; ++w) softmax_merge<T, false>(acc, sm, buf + (wrow * (T::WN - 1) + w - 1) * PER + lane, 32);
+    __syncthreads();  // the ring may be reused by the caller (next tile, fused launch)
   }
 }
 
 // Split-KV, the split that arrives last: fold the other splits' partial results into its own.
-// A split's partials are its threads' fragments in order (coalesced), then each thread's softmax
-// state as one float4.
+// A split's partials are its holders' fragments, then their softmax state (coalesced).
 template <class T, int S>
 __device__ __forceinline__ void attention_combine(float (&acc)[T::DI][4], SoftmaxRows& sm, const float4* part, int s) {
-  const int tid = threadIdx.x;
+  if (T::part() != 0) return;
 #pragma unroll 1
-  for (int s2 = 0; s2 < S; ++s2) {
-    if (s2 == s) continue;
-    const float4* p = part + (size_t)s2 * (T::DI + 1) * T::THREADS;
-    const float4 st = __ldcg(p + T::DI * T::THREADS + tid);
-    const float other_max[2] = {st.x, st.y}, other_sum[2] = {st.z, st.w};
-    float mine[2], theirs[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float mx = fmaxf(sm.max[h], other_max[h]);
-      const float b = mx == __int_as_float(0xff800000u) ? 0.f : mx;
-      mine[h] = fast_exp2(sm.max[h] - b);
-      theirs[h] = fast_exp2(other_max[h] - b);
-      sm.max[h] = mx;
-      sm.sum[h] = sm.sum[h] * mine[h] + other_sum[h] * theirs[h];
-    }
-#pragma unroll
-    for (int j = 0; j < T::DI; ++j) {
-      const float4 v = __ldcg(p + j * T::THREADS + tid);
-      acc[j][0] = acc[j][0] * mine[0] + v.x * theirs[0];
-      acc[j][1] = acc[j][1] * mine[0] + v.y * theirs[0];
-      acc[j][2] = acc[j][2] * mine[1] + v.z * theirs[1];
-      acc[j][3] = acc[j][3] * mine[1] + v.w * theirs[1];
-    }
-  }
+  for (int s2 = 0; s2 < S; ++s2)
+    if (s2 != s) softmax_merge<T, true>(acc, sm, part + (size_t)s2 * (T::DI + 1) * T::HOLDERS + T::slot(), T::HOLDERS);
 }
 
 template <class T>
 __device__ __forceinline__ void attention_store_partial(const float (&acc)[T::DI][4], const SoftmaxRows& sm,
                                                         float4* part, int s) {
-  const int tid = threadIdx.x;
-  float4* p = part + (size_t)s * (T::DI + 1) * T::THREADS;
-#pragma unroll
-  for (int j = 0; j < T::DI; ++j) __stcg(p + j * T::THREADS + tid, make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
-  __stcg(p + T::DI * T::THREADS + tid, make_float4(sm.max[0], sm.max[1], sm.sum[0], sm.sum[1]));
+  if (T::part() == 0) softmax_store<T, true>(acc, sm, part + (size_t)s * (T::DI + 1) * T::HOLDERS + T::slot(), T::HOLDERS);
 }
 
 // O / sum, stored as fp16 into out[token, head * D + col] for the tile's tokens.
 template <class T, int TOKENS, int HEADS>
 __device__ __forceinline__ void attention_store(const float (&acc)[T::DI][4], const SoftmaxRows& sm,
                                                 half_t* __restrict__ out, int m0, int head) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (T::part() != 0) return;
+  const int lane = threadIdx.x % 32;
   const float inv[2] = {sm.sum[0] > 0.f ? 1.f / sm.sum[0] : 0.f, sm.sum[1] > 0.f ? 1.f / sm.sum[1] : 0.f};
 #pragma unroll
   for (int j = 0; j < T::DI; ++j)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int tok = m0 + warp * 16 + lane / 4 + h * 8, col = head * T::D + j * 8 + (lane % 4) * 2;
+      const int tok = m0 + T::row() * 16 + lane / 4 + h * 8, col = head * T::D + j * 8 + (lane % 4) * 2;
       if (tok < TOKENS)
         *reinterpret_cast<u32*>(out + (size_t)tok * HEADS * T::D + col) =
             pack2(acc[j][2 * h] * inv[h], acc[j][2 * h + 1] * inv[h]);

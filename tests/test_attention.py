@@ -161,9 +161,21 @@ def test_the_space_keeps_one_head_per_tile_and_mma_sync():
     chain = get_workload("gpt3-attn").chain(tokens=16, cache=2048)
     fs = load_space(home() / "search_spaces" / "gpt3-attn.toml").feasible(chain, H200)
     d = fs.domains()
-    assert d["gemm2.bn"] == [128] and d["gemm2.mma"] == ["sync"] and d["gemm2.wn"] == [1]
-    assert all(g.tiles.bm == 16 * g.tiles.wm for g in fs.tilings[1])
+    assert d["gemm2.bn"] == [128] and d["gemm2.mma"] == ["sync"] and d["gemm2.wn"] == [1, 2, 4]
+    assert all(g.tiles.bm == 16 * g.tiles.wm and g.tiles.bk % (16 * g.tiles.wn) == 0 for g in fs.tilings[1])
     assert {g.tiles.split_k for g in fs.tilings[1]} >= {1, 2, 4, 8}
+
+
+def test_a_decode_layer_fits_a_fused_launch_with_warps_splitting_the_keys():
+    """At a few tokens an attention tile has one row of warps; its keys split between 4 warps give the
+    128 threads of the GEMMs' tiles, which a fused launch needs."""
+    chain = get_workload("llama-attn").chain(tokens=4)
+    fs = load_space(home() / "search_spaces" / "llama-attn.toml").feasible(chain, H200)
+    gemm = StageTiles(16, 128, 64, 1, 4, 4)
+    cfg = Config((gemm, StageTiles(16, 128, 64, 1, 4, 2, split_k=4), gemm), "tile", "row", "ticket", "fused")
+    assert fs.contains(cfg) is None and check(chain, cfg) is None
+    one_warp = Config((gemm, attn(16, 64, split_k=4), gemm), "tile", "row", "ticket", "fused")
+    assert "fused_threads" in fs.contains(one_warp)
 
 
 class ModelBackend(Backend):

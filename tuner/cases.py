@@ -52,9 +52,9 @@ def coverage(chain: Chain, mma: str = "sync") -> list[Config]:
     for i, (p, o, d, l) in enumerate(combos()):
         split = (2, 2) if i % 3 == 1 else (1, 1)
         tiles = tiles_for(chain, split, mma)
-        if l == "fused":  # one thread count for every stage: an attention tile of as many warps
+        if l == "fused":  # one thread count for every stage: an attention tile's warps split its keys
             warps = max(t.warps for t in tiles)
-            tiles = tuple(replace(t, bm=16 * warps, wm=warps) if st.kind == "attention" else t
+            tiles = tuple(replace(t, wn=warps // t.wm) if st.kind == "attention" else t
                           for st, t in zip(chain.stages, tiles))
         out.append(Config(tiles, p, o, d, l))
     return out

@@ -11,7 +11,8 @@ input of its own, ``[kv_heads, 2, cache, D]`` (keys then values per KV head). Th
 
 As a product: ``M`` = queries, ``N`` = ``heads * D`` (a tile is ``BM`` queries of one head:
 ``BN = D``), ``K`` = keys (``cache + tokens``), walked ``BK`` keys per chunk; split-K splits the
-keys (split-KV), the splits' partial softmaxes combined by the last to arrive.
+keys (split-KV), the splits' partial softmaxes combined by the last to arrive. A block has
+``WM`` rows of warps, 16 queries each, and ``WN`` warps per row that split each chunk's keys.
 
 Index map: a tile reads from the producer through two regions: its queries (rows of its own
 tokens, the ``D`` query columns of its head) on a split's first chunk, then per chunk the keys
@@ -141,27 +142,33 @@ def env(stage: AttentionStage, idx: str) -> dict[str, int]:
 def tiling_problem(grid: "StageGrid") -> str | None:
     """Why this tiling cannot compute the attention stage, or None."""
     t, st = grid.tiles, grid.stage
-    if t.bn != st.head_dim or t.wn != 1:
-        return f"a tile is one head: BN={st.head_dim} and WN=1, got BN={t.bn} WN={t.wn}"
+    if t.bn != st.head_dim:
+        return f"a tile is one head: BN={st.head_dim}, got BN={t.bn}"
     if t.mma != "sync" or t.cluster != 1:
         return "attention tiles compute with mma.sync, one block per cluster"
     if t.bm != 16 * t.wm:
-        return f"each warp owns 16 queries: BM must be 16 x WM, got BM={t.bm} WM={t.wm}"
-    if t.bk % 16 or t.bk > 128:
-        return f"a chunk of BK={t.bk} keys: accepted a multiple of 16 up to 128"
+        return f"each row of warps owns 16 queries: BM must be 16 x WM, got BM={t.bm} WM={t.wm}"
+    if t.bk > 128 or t.bk % (16 * t.wn):
+        return (f"a chunk of BK={t.bk} keys, split between WN={t.wn} warps in steps of 16: accepted a multiple "
+                f"of {16 * t.wn} up to 128")
     return None
 
 
 def smem_bytes(grid: "StageGrid") -> int:
-    """The queries, and a ring of ``stages`` chunks of keys and values, rows padded by 16 bytes."""
+    """The queries and a ring of ``stages`` chunks of keys and values, rows padded by 16 bytes; at
+    the end, where ``wn`` warps split the keys, the partial results they merge (float4s: ``D / 8``
+    fragments and the softmax state per thread) in the same memory."""
     t, d = grid.tiles, grid.stage.head_dim
-    return (t.bm + t.stages * 2 * t.bk) * (d + 8) * 2
+    ring = (t.bm + t.stages * 2 * t.bk) * (d + 8) * 2
+    merge = t.wm * (t.wn - 1) * 32 * (d // 8 + 1) * 16
+    return max(ring, merge)
 
 
 def partial_floats(grid: "StageGrid") -> int:
-    """Workspace floats of one split's partial result of one tile (split-KV): each thread's output
-    fragments (the whole tile) and its rows' softmax state (4 floats)."""
-    return grid.tiles.bm * grid.tiles.bn + grid.tiles.threads * 4
+    """Workspace floats of one split's partial result of one tile (split-KV): the output fragments
+    of the threads that hold the merged result (the whole tile) and their rows' softmax state
+    (4 floats each)."""
+    return grid.tiles.bm * grid.tiles.bn + grid.tiles.wm * 32 * 4
 
 
 def template_constants(stage: AttentionStage) -> dict[str, object]:
