@@ -18,6 +18,12 @@ def backend():
     b.close()
 
 
+def failures_of(backend, chain, cfgs) -> list[str]:
+    """Measure (verify, then time) every config, compiled ahead over all the host's cores first."""
+    list(backend.prepare([(chain, c) for c in cfgs]))
+    return [f"{c.short()}: {m.reason}: {m.message}" for c in cfgs if not (m := backend.measure(chain, c)).ok]
+
+
 # An odd size: M=1000 rows, N of both stages not a multiple of any tile width.
 ODD = dict(tokens=1000, hidden=1032, ffn=776)
 
@@ -29,11 +35,7 @@ ODD = dict(tokens=1000, hidden=1032, ffn=776)
 @pytest.mark.parametrize("mma", ["sync", "wgmma", "wgmma_tma"])
 def test_every_combination_is_correct(backend, workload, size, mma):
     chain = get_workload(workload).chain(**size)
-    failures = []
-    for cfg in coverage(chain, mma):
-        m = backend.measure(chain, cfg)
-        if not m.ok:
-            failures.append(f"{cfg.short()}: {m.reason}: {m.message}")
+    failures = failures_of(backend, chain, coverage(chain, mma))
     assert not failures, "\n".join(failures)
     assert len(coverage(chain)) == len(combos())
 
@@ -44,7 +46,7 @@ def test_clusters_sharing_tma_copies_are_correct(backend, size):
     chain = get_workload("gpt3").chain(**size)
     cfgs = clustered(chain)
     assert cfgs
-    failures = [f"{c.short()}: {m.reason}: {m.message}" for c in cfgs if not (m := backend.measure(chain, c)).ok]
+    failures = failures_of(backend, chain, cfgs)
     assert not failures, "\n".join(failures)
 
 
@@ -132,13 +134,11 @@ def test_every_combination_is_correct_for_convolutions(backend, workload, size, 
 
     chain = get_workload(workload).chain(**size)
     fs = load_space(home() / "search_spaces" / f"{workload}.toml").feasible(chain, backend.device_info())
-    failures = []
-    for cfg in coverage(chain, mma):
+    cfgs = coverage(chain, mma)
+    for cfg in cfgs:
         why = fs.contains(cfg)
         assert why is None, f"{cfg.short()}: {why}"
-        m = backend.measure(chain, cfg)
-        if not m.ok:
-            failures.append(f"{cfg.short()}: {m.reason}: {m.message}")
+    failures = failures_of(backend, chain, cfgs)
     assert not failures, "\n".join(failures)
 
 
@@ -268,11 +268,9 @@ def test_every_combination_is_correct_for_attention(backend, workload, size, mma
 
     chain = get_workload(workload).chain(**size)
     fs = load_space(home() / "search_spaces" / f"{workload}.toml").feasible(chain, backend.device_info())
-    failures = []
-    for cfg in coverage(chain, mma):  # a fused launch's attention tile splits its keys between warps
+    cfgs = coverage(chain, mma)
+    for cfg in cfgs:  # a fused launch's attention tile splits its keys between warps
         why = fs.contains(cfg)
         assert why is None, f"{cfg.short()}: {why}"
-        m = backend.measure(chain, cfg)
-        if not m.ok:
-            failures.append(f"{cfg.short()}: {m.reason}: {m.message}")
+    failures = failures_of(backend, chain, cfgs)
     assert not failures, "\n".join(failures)
