@@ -155,3 +155,34 @@ def test_convolution_entries_take_nhwc_images_of_their_exact_size(tmp_path):
         rt.entry_for(FakeDeviceArray((1, 14, 14, 64)), w)
     with pytest.raises(RuntimeArgumentError, match="no tuned entry takes 196 rows"):
         rt.entry_for(FakeDeviceArray((196, 64)), w)  # fewer pixels as a matrix: not padded for a convolution
+
+
+def test_attention_entries_take_the_kv_cache_in_the_weights_place(tmp_path):
+    """An attention layer's entry: x [tokens, hidden], then the QKV weight, the cache
+    [kv_heads * 2 * cache, head_dim] and the output weight; a cache of another length has no entry."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from tuner import compile as tc
+    from tuner.bundle import write_entry
+    from tuner.cases import coverage
+    from tuner.workloads import get_workload
+
+    try:
+        tc.toolkit_version()
+    except tc.ToolchainMissing:
+        pytest.skip("NVRTC is not installed (pip install -e '.[compile]')")
+    chain = get_workload("llama-attn").chain(tokens=4, cache=1024)
+    entry = write_entry(tmp_path / "e", chain, coverage(chain)[0], {"name": "NVIDIA H200", "arch": "sm_90"})
+    m = json.loads((entry / "manifest.json").read_text())
+    assert m["buffers"]["w1"] == [2 * 1024, 128] and m["buffers"]["y1"] == [4, 1024] and m["pads_rows"]
+    rt = load(entry)
+    w = [FakeDeviceArray((1280, 8192)), FakeDeviceArray((2048, 128)), FakeDeviceArray((8192, 1024))]
+    got, pad = rt.entry_for(FakeDeviceArray((4, 8192)), w)
+    assert got["size"]["cache"] == 1024 and not pad
+    with pytest.raises(RuntimeArgumentError, match=r"w1: shape \(4096, 128\) does not fit llama-attn/tokens=4,cache=1024"):
+        rt.entry_for(FakeDeviceArray((4, 8192)), [w[0], FakeDeviceArray((4096, 128)), w[2]])
+    # Tokens appended after the last are never attended by it (causal): 3 tokens run padded to 4.
+    got, pad = rt.entry_for(FakeDeviceArray((3, 8192)), w)
+    assert got["size"]["tokens"] == 4 and pad
+    with pytest.raises(RuntimeArgumentError, match="no tuned entry takes 5 rows of input .the tokens size.; the bundle "
+                                                   "has 4; accepted: at most 4 rows, or tune that size"):
+        rt.entry_for(FakeDeviceArray((5, 8192)), w)

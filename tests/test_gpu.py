@@ -142,7 +142,8 @@ def test_every_combination_is_correct_for_convolutions(backend, workload, size, 
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("workload, size", [("gpt3", ODD), ("llama", dict(tokens=100, hidden=1032, ffn=776))])
+@pytest.mark.parametrize("workload, size", [("gpt3", ODD), ("llama", dict(tokens=100, hidden=1032, ffn=776)),
+                                           ("llama-attn", dict(tokens=16, cache=2048))])
 def test_the_runtime_runs_a_bundle_entry_from_cupy_and_torch_inside_and_outside_a_graph(backend, tmp_path, workload,
                                                                                          size):
     import cupy as cp

@@ -47,9 +47,8 @@ def manifest(chain: Any, config: Config, device: dict[str, Any], time_us: float 
         "device": device, "arch": arch, "dtype": "fp16", "config": config.to_dict(), "short": config.short(),
         "time_us": time_us, "replayed": replayed, "synthetic": synthetic, "source_hash": rendered.hash,
         "args": ARGS, "buffers": buffers, "output": f"y{len(chain.stages) - 1}",
-        # Rows of a GEMM chain are independent: fewer can run zero-padded to these. A convolution's
-        # rows are pixels of images of one size, which the input's shape alone does not tell.
-        "pads_rows": all(st.kind == "gemm" for st in chain.stages),
+        # Whether fewer rows can run zero-padded to these: each stage kind says (see PADS_ROWS).
+        "pads_rows": all(kind_of(st).PADS_ROWS for st in chain.stages),
         "state_words": rendered.state_words, "ws_floats": rendered.ws_floats, "err_word": rendered.err_word,
         "launches": [asdict(l) for l in rendered.launches],  # read back as render.Launch, TensorMap
         "tensor_maps": [asdict(t) for t in rendered.tensor_maps],

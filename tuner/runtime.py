@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import UsageError
+from .workloads import get_workload
 
 
 class RuntimeArgumentError(UsageError):
@@ -104,9 +105,10 @@ def select(index: dict[str, Any], entries: list[dict[str, Any]], rows: int, fixe
     if larger:
         return larger[0], True
     have = sorted({rows_of(e) for e in ok})
+    padded = [rows_of(e) for e in ok if e.get("pads_rows")]
+    accepted = f"at most {max(padded)} rows" if padded else "exactly one of those"
     raise RuntimeArgumentError(f"no tuned entry takes {rows} rows of input (the {sweep} size); the bundle has "
-                               f"{', '.join(map(str, have)) or 'none'}; accepted: at most {max(have) if have else 0} "
-                               "rows, or tune that size")
+                               f"{', '.join(map(str, have)) or 'none'}; accepted: {accepted}, or tune that size")
 
 
 class TunedChain:
@@ -178,7 +180,7 @@ class Runtime:
         elif (path / "manifest.json").is_file():
             self.root = path
             m = json.loads((path / "manifest.json").read_text())
-            self.index = {"workload": m["workload"], "sweep": next(iter(m["size"])), "entries": []}
+            self.index = {"workload": m["workload"], "sweep": get_workload(m["workload"]).sweep_param, "entries": []}
             folders = [path]
         else:
             raise UsageError(f"{path}: no index.json or manifest.json; accepted: a folder written by "

@@ -130,6 +130,8 @@ KEYS_VALUES: dict[str, Expr] = {
 }
 REGIONS = (QUERIES, KEYS_VALUES)
 PER_COLUMN = True  # a tile's reads depend on its head
+PADS_ROWS = True  # rows appended after the last token are never attended by it (causal), so
+# fewer tokens can run zero-padded to a tuned count
 
 
 def env(stage: AttentionStage, idx: str) -> dict[str, int]:

@@ -88,6 +88,7 @@ INDEX_MAP: dict[str, Expr] = {
 }
 REGIONS = (INDEX_MAP,)
 PER_COLUMN = False  # a tile's reads do not depend on its column
+PADS_ROWS = False  # rows are pixels of images of one size, which the input's shape alone does not tell
 
 
 def env(stage: ConvStage, idx: str) -> dict[str, int]:
