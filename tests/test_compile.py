@@ -227,3 +227,14 @@ def test_the_compile_command_renders_and_compiles_a_workload(cache, monkeypatch,
     out = capsys.readouterr().out
     assert "1 configs over 1 size(s); 1 compiled (0 from the cache), 0 failed" in out
     assert any(cache.rglob("*.cubin"))
+
+
+@nvrtc
+def test_compiling_ahead_takes_a_carried_cache_of_another_nvrtc_and_needs_none_for_it(cache, monkeypatch):
+    here = tc.compile_source(MMA, cache_dir=cache)
+    built_elsewhere(cache, here.toolkit, "12.8")  # only another toolkit's cubin is left
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)  # no NVRTC on this host
+    got = dict(tc.compile_many([("k", MMA)], "sm_90", cache_dir=cache, accept_other_toolkit=True))
+    assert got["k"].toolkit == "12.8" and got["k"].cached
+    with pytest.raises(tc.ToolchainMissing):
+        dict(tc.compile_many([("k", MMA)], "sm_90", cache_dir=cache))

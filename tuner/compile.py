@@ -301,14 +301,21 @@ def _compile_job(source: str, arch: str, toolkit: str, cache: Path, options: Seq
 
 
 def compile_many(sources: Iterable[tuple[K, str]], arch: str = "sm_90", jobs: int | None = None, *,
-                 cache_dir: Path | None = None, options: Sequence[str] = ()
+                 cache_dir: Path | None = None, options: Sequence[str] = (), accept_other_toolkit: bool = False
                  ) -> Iterator[tuple[K, CompiledModule | CompileError]]:
     """Compile ``(key, source)`` pairs over ``jobs`` processes; yields ``(key, module or CompileError)`` as each ends.
+    With ``accept_other_toolkit`` a cubin another NVRTC built (a cache carried from another host)
+    answers too, as it does for :func:`compile_source`.
 
     Cached sources are answered here without a worker, and a source that appears under
     several keys is compiled once.
     """
-    toolkit = toolkit_version()
+    try:
+        toolkit: str | None = toolkit_version()
+    except ToolchainMissing:
+        if not accept_other_toolkit:
+            raise
+        toolkit = None  # a host without NVRTC: the carried cache serves what it holds
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     pending: dict[str, tuple[str, list[K]]] = {}
     for key, source in sources:
@@ -316,13 +323,15 @@ def compile_many(sources: Iterable[tuple[K, str]], arch: str = "sm_90", jobs: in
         if digest in pending:
             pending[digest][1].append(key)
             continue
-        mod = lookup(digest, arch, toolkit, cache_dir=cache, options=options)
+        mod = lookup(digest, arch, toolkit, cache_dir=cache, options=options, accept_other_toolkit=accept_other_toolkit)
         if mod is not None:
             yield key, mod
         else:
             pending[digest] = (source, [key])
     if not pending:
         return
+    if toolkit is None:
+        toolkit = toolkit_version()  # something is not cached: now NVRTC's absence is the error
     workers = max(1, min(jobs or os.cpu_count() or 1, len(pending)))
     if workers == 1:
         for source, keys in pending.values():

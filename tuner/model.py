@@ -44,8 +44,8 @@ def stage_seconds(g: StageGrid, device: DeviceInfo, bandwidth: float = BANDWIDTH
     if occ == 0:
         return math.inf
     slots = device.sms * occ
-    bytes_block, flops_block = kind.block_work(g)
-    in_flight = max(1, t.stages - {"sync": 1, "wgmma": 2, "wgmma_tma": 1}[t.mma]) * t.bn * t.bk * 2
+    bytes_block, flops_block, slot = kind.block_work(g)
+    in_flight = max(1, t.stages - {"sync": 1, "wgmma": 2, "wgmma_tma": 1}[t.mma]) * slot
     per_sm_rate = RATES[t.mma] / device.sms
     total, left = 0.0, g.blocks
     while left > 0:

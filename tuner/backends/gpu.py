@@ -386,7 +386,7 @@ def compile_ahead(targets: Sequence[tuple[Chain, Config]], arch: str, cache_dir:
         except Exception:  # a config the templates refuse fails in measure(), with its reason
             continue
     done = set()
-    for i, _ in compile_many(sources, target_arch(arch), jobs, cache_dir=cache_dir):
+    for i, _ in compile_many(sources, target_arch(arch), jobs, cache_dir=cache_dir, accept_other_toolkit=True):
         done.add(i)
         yield i
     yield from (i for i in range(len(targets)) if i not in done)

@@ -208,11 +208,12 @@ def b_operand(stage: AttentionStage) -> tuple[tuple[int, int], float]:
     return (stage.kv_heads * 2 * stage.cache, stage.head_dim), 1.0
 
 
-def block_work(grid: "StageGrid") -> tuple[int, int]:
-    """Bytes one block reads (its queries, the keys and values of its split) and FLOPs it computes."""
+def block_work(grid: "StageGrid") -> tuple[int, int, int]:
+    """For the cost model: bytes one block reads (its queries, the keys and values of its split), FLOPs
+    it computes, and the bytes of one ring slot (a chunk's keys and values)."""
     t, d = grid.tiles, grid.stage.head_dim
     keys = grid.ks * t.bk
-    return (min(t.bm, grid.stage.m) + 2 * keys) * d * 2, 4 * t.bm * d * keys
+    return (min(t.bm, grid.stage.m) + 2 * keys) * d * 2, 4 * t.bm * d * keys, 2 * t.bk * d * 2
 
 
 def _split(xp, qkv, cache, stage: AttentionStage):

@@ -88,11 +88,12 @@ def b_operand(stage: GemmStage) -> tuple[tuple[int, int], float]:
     return (stage.n, stage.k), 1.0 / stage.k ** 0.5
 
 
-def block_work(grid: "StageGrid") -> tuple[int, int]:
-    """Bytes one block reads and FLOPs it computes, for the cost model: A and B slabs of its split."""
+def block_work(grid: "StageGrid") -> tuple[int, int, int]:
+    """For the cost model: bytes one block reads (A and B slabs of its split), FLOPs it computes, and
+    the bytes of one ring slot of the operand it streams (a weight slab)."""
     t = grid.tiles
     k_elems = grid.ks * t.bk
-    return (min(t.bm, grid.stage.m) + t.bn) * k_elems * 2, 2 * t.bm * t.bn * k_elems
+    return (min(t.bm, grid.stage.m) + t.bn) * k_elems * 2, 2 * t.bm * t.bn * k_elems, t.bn * t.bk * 2
 
 
 def a_arg(stage: GemmStage) -> str:
