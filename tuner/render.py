@@ -178,6 +178,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
                      run_counter=None, guard_counter=None)
         entry["staged"] = staged_epilogue(tl, entry["OW"])
         entry["kind"] = st.kind
+        entry["tile_template"] = kind_of(st).TILE_TEMPLATE
         entry["attn"] = kind_of(st).template_constants(st) if hasattr(kind_of(st), "template_constants") else None
         if tl.split_k > 1:
             entry["ws_base"] = ws

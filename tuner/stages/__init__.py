@@ -1,10 +1,13 @@
 """Stage kinds: each one module holding everything that differs between kinds of stage.
 
 A kind module defines its stage (shape, validation, FLOPs and bytes), its **index map** (which
-producer elements a consumer tile's K chunk reads, once as formulas for the sync policies and
-the kernels, once as arrays for the model checker), the C++ view of its A operand the kernel
-template loads through, and its float32 reference. Everything else finds a stage's kind
-through :func:`kind_of`.
+producer elements a consumer tile's K chunk reads: once as formulas per region, ``REGIONS``,
+for the sync policies and the kernels, once as arrays, ``reads``, for the model checker;
+``PER_COLUMN`` where they depend on the tile's column), its tile in the kernel template
+(``TILE_TEMPLATE``, ``HEADER``, ``a_arg``, ``smem_bytes``, ``partial_floats``), its second
+operand (``b_operand``: weights, or an attention's KV cache), its cost-model work
+(``block_work``), its float32 reference and its CuPy and PyTorch baselines, and whether fewer
+rows run padded (``PADS_ROWS``). Everything else finds a stage's kind through :func:`kind_of`.
 """
 from __future__ import annotations
 

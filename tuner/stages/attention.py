@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ..tiling import StageGrid
 
 HEADER = "attention.cuh"
+TILE_TEMPLATE = "tile_attention.j2"  # the tile's type and body in the kernel template
 HEAD_DIMS = (64, 128)
 
 

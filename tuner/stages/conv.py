@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ..tiling import StageGrid
 
 HEADER = "conv.cuh"  # the A operand's view, pasted into sources that hold a convolution
+TILE_TEMPLATE = "tile_gemm.j2"  # an implicit GEMM: the GEMM's tile
 TAPS = 9
 
 

@@ -49,6 +49,7 @@ class GemmStage(TensorCoreStage):
 
 
 HEADER: str | None = None  # the kind's own kernel header, beside the shared ones (none: RowMajor is shared)
+TILE_TEMPLATE = "tile_gemm.j2"  # the tile's type and body in the kernel template
 
 # The index map as formulas in the consumer's names (see tuner.sync.INDEX_MAP_NAMES): one region,
 # the A operand, read at the same rows at every chunk, so a chunk's rows are the tile's, and its
