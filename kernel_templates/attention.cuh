@@ -98,11 +98,13 @@ __device__ __forceinline__ void softmax_merge(float (&acc)[T::DI][4], SoftmaxRow
 }
 
 // Where key `key` of KV head `kvh` lives: the cache for keys before CACHE, the QKV projection's
-// output for the new tokens after it; `part` 0 = keys, 1 = values. ok is false past the last key.
+// output for the new tokens after it; `part` 0 = keys, 1 = values. ok is false past `last_key`,
+// the tile's last query's own: those rows read as zeros, since under tile synchronization the
+// producer may not have written them (and a masked score's zero weight times NaN is NaN).
 template <int TOKENS, int CACHE, int QKVW, int D>
 __device__ __forceinline__ const half_t* kv_row(const half_t* qkv, const half_t* cache, int kvh, int kv_col,
-                                                int part, int key, bool& ok) {
-  ok = key < CACHE + TOKENS;
+                                                int part, int key, int last_key, bool& ok) {
+  ok = key <= last_key;
   if (!ok) return qkv;
   if (key < CACHE) return cache + ((size_t)(kvh * 2 + part) * CACHE + key) * D;
   return qkv + (size_t)(key - CACHE) * QKVW + kv_col + part * D;
@@ -152,7 +154,7 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
       for (int i = threadIdx.x; i < 2 * T::BK * CPR; i += T::THREADS) {
         const int part = i / (T::BK * CPR), r = i / CPR % T::BK, c = (i % CPR) * 8;
         bool ok;
-        const half_t* src = kv_row<TOKENS, CACHE, QKVW, D>(qkv, cache, kvh, kv_col, part, kc * T::BK + r, ok);
+        const half_t* src = kv_row<TOKENS, CACHE, QKVW, D>(qkv, cache, kvh, kv_col, part, kc * T::BK + r, last_key, ok);
         cp_async16((part ? sV : sK) + slot * T::KV_ELEMS + r * T::LDS + c, ok ? src + c : src, ok);
       }
     }
