@@ -179,7 +179,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
         entry["staged"] = staged_epilogue(tl, entry["OW"])
         entry["kind"] = st.kind
         entry["tile_template"] = kind_of(st).TILE_TEMPLATE
-        entry["attn"] = kind_of(st).template_constants(st) if hasattr(kind_of(st), "template_constants") else None
+        entry["consts"] = kind_of(st).template_constants(st)
         if tl.split_k > 1:
             entry["ws_base"] = ws
             ws += tl.split_k * g.mt * g.nt * kind_of(st).partial_floats(g)  # a tile's partial result per split

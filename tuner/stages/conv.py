@@ -123,6 +123,11 @@ def b_operand(stage: ConvStage) -> tuple[tuple[int, int], float]:
     return (stage.n, stage.k), 1.0 / stage.k ** 0.5
 
 
+def template_constants(stage: ConvStage) -> dict[str, object]:
+    """What the kernel template reads of the stage besides its sizes and tiling (nothing)."""
+    return {}
+
+
 def a_arg(stage: ConvStage) -> str:
     """The A operand the kernel's mainloop reads (``A`` is the input pointer)."""
     return f"Im2col3x3<{stage.height}, {stage.width}, {stage.c_in}>{{A}}"

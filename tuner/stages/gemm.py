@@ -97,6 +97,11 @@ def block_work(grid: "StageGrid") -> tuple[int, int, int]:
     return (min(t.bm, grid.stage.m) + t.bn) * k_elems * 2, 2 * t.bm * t.bn * k_elems, t.bn * t.bk * 2
 
 
+def template_constants(stage: GemmStage) -> dict[str, object]:
+    """What the kernel template reads of the stage besides its sizes and tiling (nothing)."""
+    return {}
+
+
 def a_arg(stage: GemmStage) -> str:
     """The A operand the kernel's mainloop reads: the pointer ``A``, seen as a K-contiguous matrix."""
     return "A"
