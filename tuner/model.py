@@ -27,10 +27,10 @@ def registers(t: StageTiles) -> int:
     return wtm * wtn // 32 + (wtm // 16) * 4 + (wtn // 8) * 2 + 40
 
 
-def blocks_per_sm(t: StageTiles, smem: int | None = None) -> int:
-    """Blocks of this tiling an SM holds at once (``smem``: the block's shared memory, where its
-    stage kind's differs from the tiling's ring)."""
-    by_smem = SMEM_PER_SM // ((t.smem_bytes() if smem is None else smem) + 1024)
+def blocks_per_sm(t: StageTiles, smem: int) -> int:
+    """Blocks of this tiling an SM holds at once, each with ``smem`` bytes of shared memory (its
+    stage kind's, see ``smem_bytes``)."""
+    by_smem = SMEM_PER_SM // (smem + 1024)
     by_regs = REGS_PER_SM // (t.threads * min(255, registers(t)))
     return max(0, min(by_smem, by_regs, 2048 // t.threads, 32))
 

@@ -177,7 +177,6 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
                      wait=None, post=None, started=None, guard=None, ticket=None, ws_base=0, arrive_base=0, written_base=0,
                      run_counter=None, guard_counter=None)
         entry["staged"] = staged_epilogue(tl, entry["OW"])
-        entry["kind"] = st.kind
         entry["tile_template"] = kind_of(st).TILE_TEMPLATE
         entry["consts"] = kind_of(st).template_constants(st)
         if tl.split_k > 1:

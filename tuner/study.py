@@ -34,7 +34,7 @@ from .strategies import make as make_strategy
 from .tomlfile import did_you_mean, read_toml
 from .trials import (FINALISTS, StudyError, TrialBook, TrialSummary, is_stream, measurement_attrs, stage_study_name,  # noqa: F401
                      study_name, summarize, transfer_candidates, trial_config)
-from .workloads import Chain, WorkloadError, get_workload
+from .workloads import Chain, WorkloadError, get_workload, integer_from
 
 STUDY_KEYS = ("workload", "sizes", "space", "strategy", "seed", "trials", "timeout")
 # The budget of one size by default: the staged search's stage pass, chain pass and refinement
@@ -70,18 +70,9 @@ class StudySpec:
         return [wl.chain(**size) for size in wl.requested_sizes({}, self.sizes or None)]
 
 
-
-def _size_int(value: Any, least: int, where: str) -> int:
-    if least == 1:
-        return _positive_int(value, where)
+def _positive_int(value: Any, where: str, least: int = 1) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise StudyError(f"{where} = {value!r}: accepted: an integer of at least {least}")
-    return value
-
-
-def _positive_int(value: Any, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise StudyError(f"{where} = {value!r}: accepted: a positive integer")
+        raise StudyError(f"{where} = {value!r}: accepted: {integer_from(least)}")
     return value
 
 
@@ -118,7 +109,7 @@ def parse_study(data: Mapping[str, Any], source: str, beside: Path | None = None
         items = value if isinstance(value, list) else [value]
         if not items:
             raise StudyError(f"{source}: sizes.{key} is empty; accepted: a positive integer or a list of them")
-        sizes[key] = tuple(_size_int(v, wl.size_param(key).least, f"{source}: sizes.{key}") for v in items)
+        sizes[key] = tuple(_positive_int(v, f"{source}: sizes.{key}", wl.size_param(key).least) for v in items)
     if sizes and wl.sweep_param not in sizes:
         sizes[wl.sweep_param] = wl.sweep
     strategy = data.get("strategy", DEFAULT_STRATEGY)

@@ -137,8 +137,7 @@ class Workload:
         for key, val in full.items():
             least = self.size_param(key).least
             if not isinstance(val, int) or isinstance(val, bool) or val < least:
-                what = "a positive integer" if least == 1 else f"an integer of at least {least}"
-                raise WorkloadError(f"workload {self.name}: {flag(key)} {val!r}: accepted: {what}")
+                raise WorkloadError(f"workload {self.name}: {flag(key)} {val!r}: accepted: {integer_from(least)}")
             mult = self.size_param(key).multiple_of
             if val % mult:
                 near = " or ".join(str(v) for v in (val // mult * mult, val // mult * mult + mult) if v)
@@ -225,6 +224,11 @@ WORKLOADS: dict[str, Workload] = {
     "gpt3-attn": _attention("gpt3-attn", "GPT-3 175B", "12 heads of 128 per GPU", 12288, 12, 12),
     "llama-attn": _attention("llama-attn", "LLaMA-2 70B", "8 query heads sharing 1 KV head per GPU", 8192, 8, 1),
 }
+
+
+def integer_from(least: int) -> str:
+    """What a size accepts, in words: a positive integer, or one of at least ``least``."""
+    return "a positive integer" if least == 1 else f"an integer of at least {least}"
 
 
 def flag(size: str) -> str:

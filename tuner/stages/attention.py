@@ -187,20 +187,7 @@ def a_arg(stage: AttentionStage) -> str:
 def reference(xp, qkv, cache, stage: AttentionStage):
     """float32 attention output ``[tokens, heads*D]`` from the QKV output and the cache, for arrays
     of module ``xp`` (numpy or cupy)."""
-    b, c, d, g = stage.tokens, stage.cache, stage.head_dim, stage.group
-    qkv = qkv.astype(xp.float32).reshape(b, stage.kv_heads, g + 2, d)
-    kv = cache.astype(xp.float32).reshape(stage.kv_heads, 2, c, d)
-    out = xp.empty((b, stage.heads, d), dtype=xp.float32)
-    causal = xp.arange(c + b)[None, :] <= (c + xp.arange(b))[:, None]
-    for kh in range(stage.kv_heads):
-        keys = xp.concatenate([kv[kh, 0], qkv[:, kh, g]], axis=0)
-        values = xp.concatenate([kv[kh, 1], qkv[:, kh, g + 1]], axis=0)
-        for j in range(g):
-            s = (qkv[:, kh, j] @ keys.T) * stage.scale
-            s = xp.where(causal, s, -xp.inf)
-            p = xp.exp(s - s.max(axis=1, keepdims=True))
-            out[:, kh * g + j] = (p @ values) / p.sum(axis=1, keepdims=True)
-    return out.reshape(b, stage.n)
+    return _attend(xp, qkv.astype(xp.float32), cache.astype(xp.float32), stage, xp.float32)
 
 
 def b_operand(stage: AttentionStage) -> tuple[tuple[int, int], float]:
@@ -228,17 +215,23 @@ def _split(xp, qkv, cache, stage: AttentionStage):
     return q, k, v
 
 
+def _attend(xp, qkv, cache, stage: AttentionStage, weights):
+    """Batched products per KV head, the causal mask, a float32 softmax whose weights are cast to
+    ``weights`` before they meet the values."""
+    q, k, v = _split(xp, qkv, cache, stage)
+    s = xp.matmul(q, k.transpose(0, 2, 1)[:, None]).astype(xp.float32) * stage.scale  # [kvh, G, tokens, keys]
+    keys = xp.arange(stage.k)[None, :]
+    s = xp.where(keys <= stage.cache + xp.arange(stage.tokens)[:, None], s, -xp.inf)
+    p = xp.exp(s - s.max(axis=-1, keepdims=True))
+    p = (p / p.sum(axis=-1, keepdims=True)).astype(weights)
+    o = xp.matmul(p, v[:, None])  # [kvh, G, tokens, D]
+    return o.transpose(2, 0, 1, 3).reshape(stage.tokens, stage.n)
+
+
 def cupy_stage(cp, qkv, cache, stage: AttentionStage):
     """Attention as a CuPy user writes it: batched cuBLAS products per KV head, the causal mask,
-    a float32 softmax."""
-    q, k, v = _split(cp, qkv, cache, stage)
-    s = cp.matmul(q, k.transpose(0, 2, 1)[:, None]).astype(cp.float32) * stage.scale  # [kvh, G, tokens, keys]
-    keys = cp.arange(stage.k)[None, :]
-    s = cp.where(keys <= stage.cache + cp.arange(stage.tokens)[:, None], s, -cp.inf)
-    p = cp.exp(s - s.max(axis=-1, keepdims=True))
-    p = (p / p.sum(axis=-1, keepdims=True)).astype(cp.float16)
-    o = cp.matmul(p, v[:, None])  # [kvh, G, tokens, D]
-    return o.transpose(2, 0, 1, 3).reshape(stage.tokens, stage.n)
+    a float32 softmax, fp16 weights times the values."""
+    return _attend(cp, qkv, cache, stage, cp.float16)
 
 
 def torch_input(torch, x, stage: AttentionStage):

@@ -20,7 +20,8 @@ import numpy as np
 
 from ..expr import Expr
 from .base import TensorCoreStage, WorkloadError
-from .gemm import block_work, producer_cols  # noqa: F401 - block_work: an implicit GEMM's work is a GEMM's
+# An implicit GEMM's tile is a GEMM's: its shared memory, split-K partials, weights and cost-model work.
+from .gemm import b_operand, block_work, partial_floats, producer_cols, smem_bytes, template_constants  # noqa: F401
 
 if TYPE_CHECKING:
     from ..tiling import StageGrid
@@ -106,26 +107,6 @@ def tiling_problem(grid: "StageGrid") -> str | None:
     if t.mma == "wgmma_tma":
         return "the gathered A operand is loaded by cp.async; the TMA copies plain matrices"
     return None
-
-
-def smem_bytes(grid: "StageGrid") -> int:
-    """Shared memory of a block: the tiling's ring of A and B slabs."""
-    return grid.tiles.smem_bytes()
-
-
-def partial_floats(grid: "StageGrid") -> int:
-    """Workspace floats of one split's partial sums of one tile (split-K): the whole tile."""
-    return grid.tiles.bm * grid.tiles.bn
-
-
-def b_operand(stage: ConvStage) -> tuple[tuple[int, int], float]:
-    """The weights ``[C_out, 3*3*C_in]``, and the scale of random test weights."""
-    return (stage.n, stage.k), 1.0 / stage.k ** 0.5
-
-
-def template_constants(stage: ConvStage) -> dict[str, object]:
-    """What the kernel template reads of the stage besides its sizes and tiling (nothing)."""
-    return {}
 
 
 def a_arg(stage: ConvStage) -> str:
