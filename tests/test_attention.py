@@ -153,8 +153,7 @@ def test_the_attention_waits_per_head_but_the_output_projection_per_row():
     # values (16, 17) on the chunk that holds the new tokens, the last.
     head5 = model.m2 == 5
     waited = sorted(set(zip(model.kc[head5].tolist(), (model.sem[head5] % grids[0].nt).tolist())))
-    ks = grids[1].ks
-    assert waited == sorted({(s * ks, 15) for s in range(4)} | {(grids[1].kc - 1, 16), (grids[1].kc - 1, 17)})
+    assert waited == sorted({(grids[1].split_begin(s), 15) for s in range(4)} | {(grids[1].kc - 1, 16), (grids[1].kc - 1, 17)})
 
 
 def test_the_space_keeps_one_head_per_tile_and_mma_sync():

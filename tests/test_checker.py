@@ -22,6 +22,8 @@ TILINGS = {
     "uneven-m": (StageTiles(128, 128, 32, 2, 2, 4), StageTiles(64, 128, 32, 2, 2, 4)),
     "split-k": (StageTiles(64, 128, 64, 2, 2, 3, 2), StageTiles(128, 64, 32, 2, 2, 4, 3)),
     "small": (StageTiles(16, 64, 64, 1, 2, 4, 4), StageTiles(32, 128, 64, 1, 4, 4, 2)),
+    # splits of 38 and 39 chunks (192 in 5), of 13 and 14 (96 in 7): the first chunks of a split fall anywhere
+    "uneven-split": (StageTiles(64, 128, 64, 2, 2, 3, 5), StageTiles(128, 64, 64, 2, 2, 4, 7)),
 }
 COMBOS = [c for c in itertools.product(POLICIES, ORDERS, DISPATCHES, LAUNCHES)
           if launch_allowed(c[0], c[3], c[2]) is None]

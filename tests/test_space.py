@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from tuner.backends.base import DeviceInfo
-from tuner.config import GLOBAL_FIELDS, TILE_DEFAULTS, TILE_FIELDS, Config, StageTiles
+from tuner.config import GLOBAL_FIELDS, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
 from tuner.paths import home
 from tuner.space import STAGE_CONSTRAINTS, SpaceError, load_space, parse_space
+from tuner.stages.gemm import GemmStage
 from tuner.workloads import get_workload
 
 H200 = DeviceInfo("test H200")
@@ -44,7 +45,6 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
                                 or -(-st.n // t.bn) % t.cn or cfg.dispatch != "block" or cfg.launch == "fused"):
             return False
         kc = -(-st.k // t.bk)
-        ks = -(-kc // t.split_k)
         m_cap = max(16, 1 << (st.m - 1).bit_length())
         n_cap = max(64, 1 << (st.n - 1).bit_length())
         if t.mma in ("wgmma", "wgmma_tma"):
@@ -56,14 +56,14 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
                     or wgn // 2 + 56 > 65536 // (-(-(128 * t.wm * t.wn + 32 * (t.mma == "wgmma_tma")) // 128) * 128)
                     or t.stages * (t.bm + t.bn) * 2 * t.bk + 1024 + 16 * t.stages * (t.mma == "wgmma_tma")
                     > dev.smem_per_block
-                    or t.bm > max(64, m_cap) or t.bn > n_cap or t.split_k > kc or (t.split_k - 1) * ks >= kc):
+                    or t.bm > max(64, m_cap) or t.bn > n_cap or t.split_k > kc):  # splits share the chunks evenly
                 return False
             continue
         if (t.bm % (16 * t.wm) or t.bn % (16 * t.wn) or 32 * t.wm * t.wn > max_threads
                 # accumulators plus one k-step's A (4 per 16 rows) and B (2 per 8 columns) fragments
                 or (t.bm // t.wm) * (t.bn // t.wn) // 32 + t.bm // t.wm // 4 + t.bn // t.wn // 4 > max_regs
                 or t.stages * (t.bm + t.bn) * (2 * t.bk + 16) > dev.smem_per_block
-                or t.bm > m_cap or t.bn > n_cap or t.split_k > kc or (t.split_k - 1) * ks >= kc):
+                or t.bm > m_cap or t.bn > n_cap or t.split_k > kc):  # splits share the chunks evenly
             return False
     if (cfg.policy == "stream") != (cfg.launch == "serial"):
         return False
@@ -375,3 +375,23 @@ def test_a_folding_epilogue_narrows_the_producer_tile_for_the_tile_policy():
     narrow = Config((replace(cfg.tiles[0], bn=64), replace(cfg.tiles[1], bk=64)), *cfg.globals)
     why = fs.contains(narrow)
     assert why is not None and "policy_requires" in why and "BN=32 stored columns" in why, why
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 7, 17, 64, 96])
+def test_splits_share_the_chunks_evenly_and_none_is_empty(chunks):
+    stage = GemmStage("g", 16, 64, chunks * 64, "none")
+    for split in range(1, chunks + 1):
+        g = StageGrid(stage, StageTiles(16, 64, 64, 1, 1, 2, split))
+        ranges = [g.split_chunks(s) for s in range(split)]
+        assert [k for r in ranges for k in r] == list(range(chunks))  # in order, each chunk once
+        assert {len(r) for r in ranges} <= {chunks // split, -(-chunks // split)} and min(map(len, ranges)) > 0
+        assert all(g.split_of(k) == s for s, r in enumerate(ranges) for k in r)
+        assert g.split_of(np.arange(chunks)).tolist() == [g.split_of(k) for k in range(chunks)]
+
+
+def test_a_decode_attention_can_split_its_17_chunks_eight_ways():
+    # 1024 cached keys and 1 new one: 17 chunks of 64. Ceil-sized splits of 3 would leave 2 of 8 empty.
+    chain = get_workload("llama-attn").chain(tokens=1, cache=1024)
+    fs = load_space("search_spaces/llama-attn.toml").feasible(chain, DeviceInfo("NVIDIA H200"))
+    splits = {g.tiles.split_k for g in fs.tilings[1] if g.tiles.bk == 64}
+    assert {8, 16} <= splits

@@ -253,7 +253,7 @@ class PairModel:
         splits = self.consumer.tiles.split_k
         rows = self.consumer.mt * wait_columns(self.consumer)
         out: list[list[tuple[int, int, int, int]]] = [[] for _ in range(rows * splits)]
-        cls = self.m2 * splits + self.kc // self.consumer.ks
+        cls = self.m2 * splits + self.consumer.split_of(self.kc)
         seen: set[tuple[int, int, int]] = set()
         for c, s, v, k, r in zip(cls.tolist(), self.sem.tolist(), self.count.tolist(), self.kc.tolist(),
                                  self.r.tolist()):
@@ -291,7 +291,7 @@ def pair_model(producer: StageGrid, consumer: StageGrid, policy: SyncPolicy) -> 
     rows, kc2 = consumer.mt * nc, consumer.kc
     cr = np.arange(rows, dtype=np.int64)[:, None]
     kc = np.arange(kc2, dtype=np.int64)[None, :]
-    genv = {**env, "m2": cr // nc, "n2": cr % nc, "kc": kc, "first": (kc % consumer.ks == 0).astype(np.int64)}
+    genv = {**env, "m2": cr // nc, "n2": cr % nc, "kc": kc, "first": (kc == consumer.split_begin(consumer.split_of(kc))).astype(np.int64)}
     shape = (rows, kc2)
     parts: list[tuple[np.ndarray, ...]] = []
     for g, pol in enumerate(regions):
@@ -305,7 +305,7 @@ def pair_model(producer: StageGrid, consumer: StageGrid, policy: SyncPolicy) -> 
             wild = live & ((a < 0) | (b >= n))
             if wild.any():
                 i, k = map(int, np.argwhere(wild)[0])
-                return fail(f"{_wait_row_tile(consumer, i, k // consumer.ks)} chunk {k}: waits on producer tile "
+                return fail(f"{_wait_row_tile(consumer, i, consumer.split_of(k))} chunk {k}: waits on producer tile "
                             f"{what} {a[i, k]}..{b[i, k]}, outside {producer.stage.name}'s {n} tile {what}")
         for d in range(int(rspan.max(initial=0))):
             for e in range(int(cspan.max(initial=0))):
@@ -327,7 +327,7 @@ def pair_model(producer: StageGrid, consumer: StageGrid, policy: SyncPolicy) -> 
     if bad_sem.size:
         j = int(bad_sem[0])
         k = int(model.kc[j])
-        return fail(f"{_wait_row_tile(consumer, int(model.m2[j]), k // consumer.ks)} chunk {k}: waits (row "
+        return fail(f"{_wait_row_tile(consumer, int(model.m2[j]), consumer.split_of(k))} chunk {k}: waits (row "
                     f"{model.r[j]}) on semaphore {model.sem[j]}, outside the policy's {sems} semaphores [0, {sems})")
     return model
 
@@ -350,12 +350,12 @@ def check_soundness(producer: StageGrid, consumer: StageGrid, policy: SyncPolicy
     model = pair_model(producer, consumer, policy)
     if model.error:
         return model.error
-    splits, ks, sems = consumer.tiles.split_k, consumer.ks, max(model.sems, 1)
+    splits, sems = consumer.tiles.split_k, max(model.sems, 1)
 
     # When each (consumer row, split, semaphore) is first covered: the earliest chunk with a wait
     # on it for the right count.
     ok = model.count == model.posts[model.sem] if model.sem.size else np.zeros(0, bool)
-    cov_key = ((model.m2 * splits + model.kc // ks) * sems + model.sem)[ok]
+    cov_key = ((model.m2 * splits + consumer.split_of(model.kc)) * sems + model.sem)[ok]
     cov_kc = model.kc[ok]
     keys, first = np.unique(cov_key, return_index=True)  # waits are in chunk order: first index = earliest
     cov_at = cov_kc[first]

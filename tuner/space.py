@@ -264,7 +264,7 @@ def tile_width(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
 def split_k(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
     """Every split must own at least one K chunk."""
     s = g.tiles.split_k
-    if s > g.kc or (s - 1) * g.ks >= g.kc:
+    if s > g.kc:
         return f"split_k={s} leaves a split without K chunks ({g.kc} chunks of BK={g.tiles.bk})"
     return None
 

@@ -113,12 +113,23 @@ class StageGrid:
 
     @property
     def ks(self) -> int:
-        """K chunks per split."""
+        """K chunks of the largest split."""
         return cdiv(self.kc, self.tiles.split_k)
 
     @property
     def blocks(self) -> int:
         return self.mt * self.nt * self.tiles.split_k
 
+    def split_begin(self, s):
+        """First K chunk of split ``s`` (an int or an integer array). The chunks are dealt as evenly
+        as they go (split sizes differ by at most one), so any split count up to the chunk count
+        leaves no split empty: 17 chunks make 8 splits of 2 or 3, where ceil-sized splits of 3
+        would fill only 6."""
+        return s * self.kc // self.tiles.split_k
+
+    def split_of(self, kc):
+        """The split that chunk ``kc`` (an int or an integer array) belongs to."""
+        return ((kc + 1) * self.tiles.split_k - 1) // self.kc
+
     def split_chunks(self, s: int) -> range:
-        return range(s * self.ks, min((s + 1) * self.ks, self.kc))
+        return range(self.split_begin(s), self.split_begin(s + 1))

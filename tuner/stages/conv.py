@@ -171,7 +171,7 @@ def reads(producer: "StageGrid", consumer: "StageGrid") -> list[tuple[np.ndarray
     bm1 = producer.tiles.bm
     kcs = np.arange(consumer.kc, dtype=np.int64)
     tap, c0 = kcs * bk // C, kcs * bk % C
-    split = kcs // consumer.ks
+    split = consumer.split_of(kcs)
     lo, hi = producer_cols(producer)
     # Producer tile columns each chunk reads: the channels [c0, c0 + bk).
     chunk_n1 = [np.flatnonzero((lo < c + bk) & (hi > c)) for c in c0.tolist()]

@@ -162,11 +162,11 @@ def producer_cols(producer: "StageGrid") -> tuple[np.ndarray, np.ndarray]:
 
 def first_read(producer: "StageGrid", consumer: "StageGrid") -> np.ndarray:
     """``[s, n1]``: the first chunk of split ``s`` that reads columns of producer tile column ``n1``, or NEVER."""
-    bk, kc, ks = consumer.tiles.bk, consumer.kc, consumer.ks
+    bk = consumer.tiles.bk
     lo, hi = producer_cols(producer)
     k_first, k_last = lo // bk, (hi - 1) // bk
     s = np.arange(consumer.tiles.split_k, dtype=np.int64)[:, None]
-    a, b = s * ks, np.minimum((s + 1) * ks, kc)
+    a, b = consumer.split_begin(s), consumer.split_begin(s + 1)
     req = np.maximum(a, k_first[None, :])
     ok = (hi > lo)[None, :] & (req <= np.minimum(b - 1, k_last[None, :]))
     return np.where(ok, req, NEVER)
