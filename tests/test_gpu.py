@@ -160,15 +160,21 @@ def test_the_runtime_runs_a_bundle_entry_from_cupy_and_torch_inside_and_outside_
     ref = reference(chain, x, ws)
     assert rel_error(rt(x, *ws), ref) < VERIFY_TOL
     stream = cp.cuda.Stream(non_blocking=True)
+    x2 = x.copy()
     with stream:
         rt(x, *ws)  # warm: the module loads outside the capture
         stream.begin_capture()
-        out = rt(x, *ws)
+        out = rt(x2, *ws)
         graph = stream.end_capture()
-        out[...] = 0
-        graph.launch(stream)
-        stream.synchronize()
-    assert rel_error(out, ref) < VERIFY_TOL
+        # Replayed again and again, between plain calls, on changing input: each replay must wait
+        # for its own run's posts (a tile-sync chain whose waits pass early computes on stale tiles).
+        for i in range(4):
+            x2[...] = x if i % 2 else -x
+            out[...] = 0
+            graph.launch(stream)
+            stream.synchronize()
+            assert rel_error(out, ref if i % 2 else reference(chain, -x, ws)) < VERIFY_TOL, f"replay {i}"
+            assert rel_error(rt(x, *ws), ref) < VERIFY_TOL, f"plain call after replay {i}"
     torch = pytest.importorskip("torch")
     tx, tw = torch.as_tensor(x, device="cuda"), [torch.as_tensor(w, device="cuda") for w in ws]
     assert rel_error(cp.asarray(rt(tx, *tw)), ref) < VERIFY_TOL

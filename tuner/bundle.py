@@ -8,8 +8,10 @@ kernels' argument order. ``index.json`` lists the entries. :mod:`tuner.runtime` 
 
 Every kernel of an entry takes the same arguments, in this order: ``x``, then per stage ``w<i>``
 and ``y<i>``, then ``ws`` (float32 workspace), ``state`` (u32, zeroed once, never reset),
-``epoch`` (u32, 1 on the first run, one more each run) and ``tmaps`` (the TMA descriptors,
-128 bytes each, in device memory). ``cpp/`` holds a C++ launcher (CUDA driver API) that runs an
+``epoch`` (u32, read by no kernel of a bundle) and ``tmaps`` (the TMA descriptors, 128 bytes
+each, in device memory). A bundle's kernels number their runs themselves, in ``state``: a run
+captured once in a CUDA graph and replayed many times then waits for the right posts each
+time, where an epoch passed by the host would be frozen into the graph at its capture. ``cpp/`` holds a C++ launcher (CUDA driver API) that runs an
 entry from its ``entry.txt`` (the manifest, one fact per line) and an example that checks one.
 """
 from __future__ import annotations
@@ -46,7 +48,7 @@ def manifest(chain: Any, config: Config, device: dict[str, Any], time_us: float 
         "schema": BUNDLE_SCHEMA, "label": chain.label, "workload": chain.workload, "size": chain.size_dict,
         "device": device, "arch": arch, "dtype": "fp16", "config": config.to_dict(), "short": config.short(),
         "time_us": time_us, "replayed": replayed, "synthetic": synthetic, "source_hash": rendered.hash,
-        "args": ARGS, "buffers": buffers, "output": f"y{len(chain.stages) - 1}",
+        "args": ARGS, "device_epoch": rendered.device_epoch, "buffers": buffers, "output": f"y{len(chain.stages) - 1}",
         # Whether fewer rows can run zero-padded to these: each stage kind says (see PADS_ROWS).
         "pads_rows": all(kind_of(st).PADS_ROWS for st in chain.stages),
         "state_words": rendered.state_words, "ws_floats": rendered.ws_floats, "err_word": rendered.err_word,
@@ -62,7 +64,7 @@ def write_entry(where: Path, chain: Any, config: Config, device: dict[str, Any],
     from .compile import compile_source, target_arch  # noqa: PLC0415
 
     arch = target_arch(device.get("arch", "sm_90"))
-    rendered = render(chain, config)
+    rendered = render(chain, config, device_epoch=True)
     module = compile_source(rendered.source, arch)
     where.mkdir(parents=True, exist_ok=True)
     (where / "chain.cu").write_text(rendered.source)

@@ -5,7 +5,8 @@
 //   tuner::Chain chain("tuned/gpt3-bundle/NVIDIA-H200/tokens=256-hidden=12288-ffn=6144");
 //   chain.run(x, {w1, w2}, stream);        // device pointers, fp16, row-major; returns the output
 //
-// The chain's semaphores are zeroed once, at load, and never reset: each run advances the epoch.
+// The chain's semaphores are zeroed once, at load, and never reset: the kernels number their runs
+// in them (the epoch argument they take is ignored), so a CUDA graph may replay a captured run.
 // Intermediate and final outputs live in buffers the Chain owns; the next run overwrites them.
 #pragma once
 
