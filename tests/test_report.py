@@ -69,3 +69,11 @@ def test_the_whole_network_figures_get_their_table(tmp_path):
     assert "| 1 | 300.0 | 330.0 | 375.0 | 1.25 | 30.0 | 3 x 56x56x64 + 4 x 28x28x128 | `resnet38-net.bench.json` " \
            "(in CUDA graphs) |" in text
     assert "(in CUDA graphs) |" in text.split("## Whole network")[0]
+
+
+def test_a_workloads_default_summaries_are_its_own_even_where_a_name_starts_like_another():
+    gpt3 = default_summaries("gpt3")
+    attn = default_summaries("gpt3-attn")
+    assert gpt3 and attn
+    assert all(json.loads(p.read_text())["workload"] == "gpt3" for p in gpt3)  # no gpt3-attn-*.bench.json
+    assert {p.name for p in attn} >= {"gpt3-attn-decode.bench.json", "gpt3-attn-prompt.bench.json"}

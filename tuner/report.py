@@ -34,10 +34,21 @@ class Series:
 
 
 def default_summaries(workload: str) -> list[Path]:
-    """The workload's summaries under ``studies/``: the main one first, then the searches in name order."""
+    """The workload's summaries under ``studies/``: the main one, the others of its runs
+    (``<workload>-*.bench.json``), then the searches, each group in name order. A name's prefix
+    is not enough (``gpt3-attn-decode`` starts like a ``gpt3`` run): each file's own workload decides."""
     root = home() / "studies"
-    return [p for p in [root / f"{workload}.bench.json", *sorted((root / "search").glob(f"{workload}-*.bench.json"))]
-            if p.is_file()]
+    found = [root / f"{workload}.bench.json", *sorted(root.glob(f"{workload}-*.bench.json")),
+             *sorted((root / "search").glob(f"{workload}-*.bench.json"))]
+    return [p for p in found if p.is_file() and _workload_of(p) in (workload, None)]
+
+
+def _workload_of(path: Path) -> str | None:
+    """The workload a bench summary names (None where it cannot be read: collect_series says why)."""
+    try:
+        return json.loads(path.read_text()).get("workload")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def collect_series(workload: str, paths: Sequence[Path]) -> list[Series]:
