@@ -1,0 +1,74 @@
+"""Run one recorded config on the GPU, verified, then again and again: the target for a profiler.
+
+    python benchmarks/profile_config.py RECORDING --label TEXT [--rank N] [--runs N]
+    ncu --set full --launch-skip 20 --launch-count 1 -o OUT/attn \\
+        python benchmarks/profile_config.py studies/llama-attn-decode.measurements.json \\
+        --label 'llama-attn.attn/tokens=1,'
+
+Picks, among the recording's measured configs whose label contains TEXT (a chain, or one stage
+timed alone: ``gpt3.gemm1/...``), the one ranked N by its recorded median (0: the fastest),
+renders and compiles it as bench does, checks it against the float32 reference, then runs it
+``--runs`` times back to back and prints its median beside the recorded one. The kernels are
+``stage<i>_kernel`` (``fused_kernel`` for a fused launch), and the first runs are warm-up, so
+skip a few launches in the profiler.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from statistics import median
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tuner.backends.gpu import GpuBackend  # noqa: E402
+from tuner.config import Config  # noqa: E402
+from tuner.workloads import get_workload  # noqa: E402
+
+
+def chain_of(label: str):
+    """The chain a recorded label names: ``workload[.stage]/size=value,...``."""
+    head, _, sizes = label.partition("/")
+    workload, _, stage = head.partition(".")
+    chain = get_workload(workload).chain(**{k: int(v) for k, v in (kv.split("=") for kv in sizes.split(","))})
+    if stage:
+        names = [s.name for s in chain.stages]
+        chain = chain.alone(names.index(stage))
+    return chain
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("recording", help="a *.measurements.json file")
+    ap.add_argument("--label", required=True, help="text the record's label contains")
+    ap.add_argument("--rank", type=int, default=0, help="0: the fastest recorded config, 1: the next, ...")
+    ap.add_argument("--runs", type=int, default=50, help="timed runs after 20 of warm-up (default 50)")
+    args = ap.parse_args()
+    records = json.loads(Path(args.recording).read_text())["records"]
+    found = sorted((r for r in records if args.label in r["label"] and r["measurement"].get("ok")),
+                   key=lambda r: r["measurement"]["median_us"])
+    labels = sorted({r["label"] for r in found})
+    if len(labels) != 1:
+        raise SystemExit(f"--label {args.label!r} matches {len(labels)} labels of measured records"
+                         + (f": {', '.join(labels[:5])}{' ...' if len(labels) > 5 else ''}" if labels else "")
+                         + "; accepted: text that names one")
+    if args.rank >= len(found):
+        raise SystemExit(f"--rank {args.rank}: {labels[0]} has {len(found)} measured configs")
+    rec = found[args.rank]
+    chain, config = chain_of(rec["label"]), Config.from_dict(rec["config"])
+    backend = GpuBackend()
+    runner, m = backend.load(chain, config)
+    if runner is None:
+        raise SystemExit(f"{config.short()}: {m.reason}: {m.message}")
+    err, why = backend.verify(chain, runner)
+    if why:
+        raise SystemExit(f"{config.short()}: {why} (error {err:.2e})")
+    times = runner.time(20, args.runs)
+    print(f"{rec['label']}: {config.short()}, error {err:.1e}; median {median(times):.2f} us here, "
+          f"{rec['measurement']['median_us']:.2f} us recorded (rank {args.rank} of {len(found)})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
