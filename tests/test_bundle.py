@@ -186,3 +186,30 @@ def test_attention_entries_take_the_kv_cache_in_the_weights_place(tmp_path):
     with pytest.raises(RuntimeArgumentError, match="no tuned entry takes 5 rows of input .the tokens size.; the bundle "
                                                    "has 4; accepted: at most 4 rows, or tune that size"):
         rt.entry_for(FakeDeviceArray((5, 8192)), w)
+
+
+class FakeCupyArray:
+    """Shape, dtype and strides as attributes too, as CuPy arrays have them; counts interface reads."""
+
+    def __init__(self, shape, dtype="float16"):
+        self._iface = {"shape": shape, "typestr": "<f2" if dtype == "float16" else "<f4", "strides": None,
+                       "data": (0, False), "version": 3}
+        self.shape, self.dtype, self.reads = shape, dtype, 0
+        self.strides = tuple(2 * n for n in (shape[1], 1)) if len(shape) == 2 else (2,)
+
+    @property
+    def __cuda_array_interface__(self):
+        self.reads += 1
+        return self._iface
+
+
+def test_a_call_like_an_earlier_one_skips_the_checks_and_a_new_signature_is_checked(bundle):
+    rt = load(bundle)
+    x, w = FakeCupyArray((256, 12288)), [FakeCupyArray((6144, 12288)), FakeCupyArray((12288, 6144))]
+    first = rt.entry_for(x, w)
+    reads = x.reads
+    assert reads > 0 and rt.entry_for(x, w) == first and x.reads == reads  # answered from the signature
+    with pytest.raises(RuntimeArgumentError, match="x: fp16 is expected"):
+        rt.entry_for(FakeCupyArray((256, 12288), "float32"), w)
+    with pytest.raises(RuntimeArgumentError, match="no tuned entry takes 300 rows"):
+        rt.entry_for(FakeCupyArray((300, 12288)), w)

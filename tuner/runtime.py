@@ -66,6 +66,21 @@ def describe(name: str, a: Any) -> ArrayInfo:
     return ArrayInfo(shape, typestr, contiguous)
 
 
+def signature(x: Any, weights: Sequence[Any]) -> tuple | None:
+    """What the argument checks depend on (type, shape, dtype, strides of each argument), read
+    from the arrays' own attributes, which is cheaper than their ``__cuda_array_interface__``;
+    None where an argument lacks them (the checks then run in full and explain)."""
+    key = []
+    for a in (x, *weights):
+        try:
+            stride = getattr(a, "stride", None)  # PyTorch: a method, in elements; CuPy: bytes
+            strides = stride() if callable(stride) else a.strides
+            key.append((type(a), tuple(a.shape), str(a.dtype), tuple(strides)))
+        except (AttributeError, TypeError):
+            return None
+    return tuple(key)
+
+
 def check_args(entry: dict[str, Any], x: ArrayInfo, weights: Sequence[ArrayInfo], padded_rows: int | None = None) -> None:
     """Refuse arguments that do not fit ``entry``'s buffers, one line each."""
     bufs = entry["buffers"]
@@ -187,9 +202,24 @@ class Runtime:
                              "python -m tuner export WORKLOAD --format bundle")
         self.manifests = [json.loads((f / "manifest.json").read_text()) | {"_folder": str(f)} for f in folders]
         self._loaded: dict[str, TunedChain] = {}
+        self._answers: dict[tuple, tuple[dict[str, Any], bool]] = {}  # see entry_for
 
     def entry_for(self, x: Any, weights: Sequence[Any]) -> tuple[dict[str, Any], bool]:
-        """The entry an input goes to, after checking every argument (no GPU work)."""
+        """The entry an input goes to, after checking every argument (no GPU work). The checks
+        read only shapes, dtypes and strides, so their answer is kept per signature of those: a
+        call like an earlier one costs a dictionary lookup, not the checks again (a chain of
+        short kernels is otherwise shorter than the host's work on its arguments)."""
+        key = signature(x, weights)
+        if key is not None and key in self._answers:
+            return self._answers[key]
+        answer = self._check(x, weights)
+        if key is not None:
+            if len(self._answers) >= 256:  # callers with ever-new shapes: keep the memory bounded
+                self._answers.clear()
+            self._answers[key] = answer
+        return answer
+
+    def _check(self, x: Any, weights: Sequence[Any]) -> tuple[dict[str, Any], bool]:
         xi = describe("x", plain(x))
         ws = [describe(f"w{i}", plain(w)) for i, w in enumerate(weights)]
         image = None
