@@ -24,18 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.backends.gpu import GpuBackend  # noqa: E402
 from tuner.config import Config  # noqa: E402
-from tuner.workloads import get_workload  # noqa: E402
-
-
-def chain_of(label: str):
-    """The chain a recorded label names: ``workload[.stage]/size=value,...``."""
-    head, _, sizes = label.partition("/")
-    workload, _, stage = head.partition(".")
-    chain = get_workload(workload).chain(**{k: int(v) for k, v in (kv.split("=") for kv in sizes.split(","))})
-    if stage:
-        names = [s.name for s in chain.stages]
-        chain = chain.alone(names.index(stage))
-    return chain
+from tuner.workloads import chain_from_label  # noqa: E402
 
 
 def main() -> int:
@@ -56,7 +45,7 @@ def main() -> int:
     if args.rank >= len(found):
         raise SystemExit(f"--rank {args.rank}: {labels[0]} has {len(found)} measured configs")
     rec = found[args.rank]
-    chain, config = chain_of(rec["label"]), Config.from_dict(rec["config"])
+    chain, config = chain_from_label(rec["label"]), Config.from_dict(rec["config"])
     backend = GpuBackend()
     runner, m = backend.load(chain, config)
     if runner is None:

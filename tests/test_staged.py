@@ -76,7 +76,8 @@ def test_the_chain_pass_pairs_the_fastest_tilings_under_every_sync_choice_the_ch
     paired = {p.config.globals for p in batch if p.config.tiles == best}
     usable = {combo for combo in fs.combos if fs.contains(Config(best, *combo)) is None
               and check(chain, Config(best, *combo)) is None}
-    assert len(usable) > 4 and paired == usable
+    # A clustered pair keeps only block dispatch without a fused launch: 4 choices, in each order.
+    assert len(usable) >= 4 and paired == usable
     assert batch[0].config.policy == "stream"  # a stream baseline leads
 
 

@@ -6,7 +6,10 @@ weight bytes in flight. Every figure it produces is an estimate.
 """
 from __future__ import annotations
 
+import json
 import math
+from functools import lru_cache
+from pathlib import Path
 
 from .device import DeviceInfo
 from .stages import kind_of
@@ -17,6 +20,7 @@ REGS_PER_SM = 65536
 LATENCY_S = 2.0e-6  # DRAM round trip under load: bytes in flight per block / this caps its read rate
 RATES = {"sync": 300e12, "wgmma": 650e12, "wgmma_tma": 650e12}  # fp16 tensor-core FLOP/s each instruction reaches (H200, measured)
 BANDWIDTH = 3.8e12  # B/s, what a 300 MB weight read reaches on the H200 (measured)
+FIT_FILE = Path(__file__).with_name("cost_fit.json")  # written by benchmarks/fit_cost_model.py
 
 
 def registers(t: StageTiles) -> int:
@@ -57,3 +61,40 @@ def stage_seconds(g: StageGrid, device: DeviceInfo, bandwidth: float = BANDWIDTH
     if t.split_k > 1:
         total += 2 * t.split_k * st.m * st.n * 4 / bandwidth  # partial sums written, then read back
     return total
+
+
+def features(g: StageGrid, device: DeviceInfo) -> dict[str, float]:
+    """What the fitted ranking reads of a stage tiling: the coarse estimate, how the tiling fills
+    the GPU, and its shape, each as a number (logs where a factor matters more than a step)."""
+    t, st = g.tiles, g.stage
+    occ = max(1, blocks_per_sm(t, kind_of(st).smem_bytes(g)))
+    waves = g.blocks / (device.sms * occ)
+    attn = float(kind_of(st).__name__.endswith("attention"))
+    return {
+        "log_estimate": math.log(stage_seconds(g, device)), "log_blocks": math.log(g.blocks),
+        "log_waves": math.log(waves), "wave_tail": math.ceil(waves) - waves, "log_split_k": math.log(t.split_k),
+        "stages": float(t.stages), "log_bm": math.log(t.bm), "log_bn": math.log(t.bn), "log_bk": math.log(t.bk),
+        "log_threads": math.log(t.threads), "log_chunks_per_split": math.log(g.ks), "log_occupancy": math.log(occ),
+        "clustered": float(t.cluster > 1), **{f"mma_{m}": float(t.mma == m) for m in RATES},
+        "conv": float(kind_of(st).__name__.endswith("conv")), "attention": attn,
+        "attention_log_wn": attn * math.log(t.wn), "attention_log_chunks_per_split": attn * math.log(g.ks),
+    }
+
+
+@lru_cache(maxsize=1)
+def _fitted() -> dict[str, float]:
+    try:
+        return json.loads(FIT_FILE.read_text())["weights"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def rank_seconds(g: StageGrid, device: DeviceInfo) -> float:
+    """The coarse estimate, corrected by a linear fit (in logs) to stage-alone timings recorded on
+    a GPU, to order a stage's tilings: the fit is made to rank tilings within a stage, so only
+    the order of its figures for one stage means anything. Without a fit, the coarse estimate."""
+    est = stage_seconds(g, device)
+    weights = _fitted()
+    if not weights or not math.isfinite(est):
+        return est
+    return math.exp(sum(weights.get(k, 0.0) * v for k, v in features(g, device).items()))

@@ -252,3 +252,21 @@ def get_workload(name: str) -> Workload:
         return WORKLOADS[name]
     except KeyError:
         raise WorkloadError(f"unknown workload {name!r}; accepted: {', '.join(WORKLOADS)}") from None
+
+
+def chain_from_label(label: str) -> Chain:
+    """The chain a label names (``Chain.label``): ``gpt3/tokens=64,...``, or a stage timed alone,
+    ``gpt3.gemm1/tokens=64,...`` (``Chain.alone``)."""
+    head, _, sizes = label.partition("/")
+    workload, _, stage = head.partition(".")
+    try:
+        size = {k: int(v) for k, v in (kv.split("=") for kv in sizes.split(","))}
+    except ValueError:
+        raise WorkloadError(f"{label!r} is no chain label; accepted: WORKLOAD[.STAGE]/SIZE=N,...") from None
+    chain = get_workload(workload).chain(**size)
+    if not stage:
+        return chain
+    names = [s.name for s in chain.stages]
+    if stage not in names:
+        raise WorkloadError(f"{label!r}: {workload} has no stage {stage!r}; stages: {', '.join(names)}")
+    return chain.alone(names.index(stage))

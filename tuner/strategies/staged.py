@@ -2,8 +2,9 @@
 
 1. **Stage pass.** Each stage is timed alone (its own Optuna study; stages that compute the
    same thing alone, like VGG's four convolutions, once for all), over the feasible
-   tilings the cost model ranks first. The model is too coarse to rank tile shapes, so every
-   shape gets a turn: first a probe of the model's best few shapes of every MMA instruction,
+   tilings ranked first by the cost model, corrected by its fit to recorded stage timings
+   (:func:`tuner.model.rank_seconds`). No model ranks tile shapes well enough to skip timing
+   them, so every shape gets a turn: first a probe of the best few shapes of every MMA instruction,
    then more shapes of the instructions whose probe came within :data:`LIVE_KIND` of the
    best, each shape with its two best pipeline/split variants, then the fastest tilings again
    in thread-block clusters. A stage dominates the chain's time and its best tiling barely
@@ -30,7 +31,7 @@ from dataclasses import replace
 from typing import Iterable
 
 from ..config import TILE_FIELDS, Config, StageGrid, StageTiles
-from ..model import stage_seconds
+from ..model import rank_seconds
 from .base import Outcome, Proposal, SearchContext, Strategy, opening, stage_config
 
 STAGE_SHARE = 0.5  # of the budget, for the stage pass (all stages together)
@@ -71,7 +72,7 @@ class Staged(Strategy):
         self.chain_cap = max(1, int(ctx.budget * CHAIN_SHARE))
         self.grids = [list(g) for g in ctx.stage_tilings]
         self.allowed = [{g.tiles for g in gs} for gs in self.grids]
-        self.ranked = [sorted(gs, key=lambda g: (stage_seconds(g, ctx.device), _shape(g.tiles), g.tiles.stages,
+        self.ranked = [sorted(gs, key=lambda g: (rank_seconds(g, ctx.device), _shape(g.tiles), g.tiles.stages,
                                                  g.tiles.split_k)) for gs in self.grids]
         self._steps = iter(self._plan())
         self._phase = "stage pass"
