@@ -13,6 +13,8 @@ under studies/ and labelled so (a replayed strategy can only draw recorded confi
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
 from pathlib import Path
 from statistics import median
@@ -60,13 +62,16 @@ def main() -> int:
     try:
         for strategy in args.strategies.split(","):
             for seed in range(args.seeds):
-                db = args.out / f"{chain.label.replace('/', '_').replace(',', '_')}-{strategy}{seed}.db"
+                # Letters, digits, dots and dashes only: some tools that copy results drop other names.
+                db = args.out / f"{re.sub(r'[^A-Za-z0-9.-]+', '-', chain.label)}-{strategy}{seed}.db"
                 url = f"sqlite:///{db}"
                 out = run_study(chain, space, backend, url, strategy=strategy, seed=seed, trials=args.trials,
                                 transfer=False, final=False)
                 runs.setdefault(strategy, []).append(measured_history(url, chain, device))
+                best = out.summary.best_us
                 print(f"{strategy} seed {seed}: {out.measured} trials in {out.elapsed_s:.0f} s, best "
-                      f"{out.summary.best_us:.2f} us{tag} ({out.stop})", flush=True)
+                      + (f"{best:.2f} us{tag}" if best is not None else "chain: none measured yet")
+                      + f" ({out.stop})", flush=True)
     finally:
         backend.close()
     top = min(v for rs in runs.values() for r in rs for v in r if v is not None)
@@ -81,6 +86,10 @@ def main() -> int:
             cells.append(f"{median(got):8.2f}" if got else "       -")
         reach = [trials_to_within(r, top, WITHIN) for r in rs]
         print(f"{strategy:8}  " + "  ".join(cells) + f"  {median(reach):g} {reach}")
+    # Every trial's running best, kept beside the databases, so the table can be made again.
+    (args.out / "strategies.json").write_text(json.dumps(
+        {"label": chain.label, "device": device, "replayed": bool(tag), "trials": args.trials, "within": WITHIN,
+         "best_us": top, "histories": runs}, indent=1) + "\n")
     return 0
 
 
