@@ -69,6 +69,12 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
                             log=log)
         log(f"{ch.label}: search: {outcome.measured} trials ({outcome.new_trials} new, "
             f"{outcome.stage_trials} of them stages alone) in {outcome.elapsed_s:.0f} s")
+        # Every measurement of these sizes the storage holds, this run's and an earlier study's alike,
+        # written as soon as the search ends: the final rounds add none, and may not finish.
+        labels = [c.label for c in chains] + [c.alone(j).label for c in chains for j in range(len(c.stages))]
+        store = MeasurementStore(storage, writable=False)
+        write_recording(rec_path, dev, store.records(dev, labels), command)
+        store.close()
         passed = timed_configs(storage, ch, dev)
         contestants = named_finalists(passed)
         for path in compare:
@@ -114,11 +120,6 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
                    "graphs": graphs}
         summary["network"] = network_figures(summary, workload)
         out.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-        # Every measurement of these sizes the storage holds, this run's and an earlier study's alike.
-        labels = [c.label for c in chains] + [c.alone(j).label for c in chains for j in range(len(c.stages))]
-        store = MeasurementStore(storage, writable=False)
-        write_recording(rec_path, dev, store.records(dev, labels), command)
-        store.close()
     if graphs:
         log("our chains and the CuPy chain timed inside CUDA graphs, as PyTorch's graph variants are")
     log(table(summary))
