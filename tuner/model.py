@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .device import DeviceInfo
-from .stages import kind_of
+from .stages import attention, conv, kind_of
 from .tiling import StageGrid, StageTiles
 
 SMEM_PER_SM = 228 * 1024  # bytes; each block also reserves 1 KiB
@@ -69,14 +69,14 @@ def features(g: StageGrid, device: DeviceInfo) -> dict[str, float]:
     t, st = g.tiles, g.stage
     occ = max(1, blocks_per_sm(t, kind_of(st).smem_bytes(g)))
     waves = g.blocks / (device.sms * occ)
-    attn = float(kind_of(st).__name__.endswith("attention"))
+    attn = float(kind_of(st) is attention)
     return {
         "log_estimate": math.log(stage_seconds(g, device)), "log_blocks": math.log(g.blocks),
         "log_waves": math.log(waves), "wave_tail": math.ceil(waves) - waves, "log_split_k": math.log(t.split_k),
         "stages": float(t.stages), "log_bm": math.log(t.bm), "log_bn": math.log(t.bn), "log_bk": math.log(t.bk),
         "log_threads": math.log(t.threads), "log_chunks_per_split": math.log(g.ks), "log_occupancy": math.log(occ),
         "clustered": float(t.cluster > 1), **{f"mma_{m}": float(t.mma == m) for m in RATES},
-        "conv": float(kind_of(st).__name__.endswith("conv")), "attention": attn,
+        "conv": float(kind_of(st) is conv), "attention": attn,
         "attention_log_wn": attn * math.log(t.wn), "attention_log_chunks_per_split": attn * math.log(g.ks),
     }
 
