@@ -55,7 +55,7 @@ def test_the_bundle_holds_source_cubin_and_manifest_per_size(bundle):
         assert m["buffers"] == {"x": [e["size"]["tokens"], 12288], "w0": [6144, 12288], "y0": [e["size"]["tokens"], 6144],
                                 "w1": [12288, 6144], "y1": [e["size"]["tokens"], 12288]}
         assert m["replayed"] and m["arch"] == "sm_90a" and m["launches"]
-        assert all(set(l) == {"kernel", "grid", "threads", "smem", "stream"} for l in m["launches"])
+        assert all(set(l) == {"kernel", "grid", "threads", "smem", "stream", "pdl"} for l in m["launches"])
 
 
 def test_the_runtime_takes_the_exact_entry_or_pads_to_the_next_larger(bundle):

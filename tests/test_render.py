@@ -1,6 +1,8 @@
 """Rendering: the launch plan, and the one check of whether its kernels can launch on a device."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tuner.backends.base import DeviceInfo
 from tuner.cases import clustered, coverage
 from tuner.render import render
@@ -13,6 +15,19 @@ def test_a_fused_config_is_one_launch_and_a_two_stream_config_has_a_guard():
     by_launch = {c.launch: render(CHAIN, c) for c in coverage(CHAIN)}
     assert [l.kernel for l in by_launch["fused"].launches] == ["fused_kernel"]
     assert [l.kernel for l in by_launch["two_stream"].launches] == ["stage0_kernel", "guard1_kernel", "stage1_kernel"]
+
+
+def test_a_pdl_chain_waits_in_every_kernel_but_the_first_and_lets_every_one_but_the_last_start_the_next():
+    chain = get_workload("llama-attn").chain(tokens=1)
+    for cfg in (c for c in coverage(chain) if c.launch == "pdl"):
+        r = render(chain, cfg)
+        assert [(l.kernel, l.pdl, l.stream) for l in r.launches] == [
+            ("stage0_kernel", False, 0), ("stage1_kernel", True, 0), ("stage2_kernel", True, 0)]
+        kernels = r.source.split("stage0_kernel(")[1].split("_kernel(")
+        waits = [k.count("griddepcontrol.wait") for k in kernels]
+        starts = [k.count("griddepcontrol.launch_dependents") for k in kernels]
+        assert waits == [0, 1, 1] and starts == [1, 1, 0], (waits, starts)
+        assert "griddepcontrol" not in render(chain, replace(cfg, launch="serial")).source
 
 
 def test_launch_problems_name_the_kernel_and_the_resource_that_does_not_fit():

@@ -65,7 +65,7 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
                 or t.stages * (t.bm + t.bn) * (2 * t.bk + 16) > dev.smem_per_block
                 or t.bm > m_cap or t.bn > n_cap or t.split_k > kc):  # splits share the chunks evenly
             return False
-    if (cfg.policy == "stream") != (cfg.launch == "serial"):
+    if (cfg.policy == "stream") != (cfg.launch in ("serial", "pdl")):
         return False
     if cfg.launch == "fused" and (cfg.dispatch != "ticket" or cfg.tiles[0].threads != cfg.tiles[1].threads):
         return False

@@ -55,8 +55,8 @@ from .config import Config, StageGrid
 from .expr import Expr
 from .stages import kind_of
 from .stages.gemm import first_read, producer_cols
-from .sync import (DISPATCHES, LAUNCHES, ORDERS, POLICIES, SyncPolicy, TileOrder, launch_allowed, order_env, pair_env,
-                   policy_for)
+from .sync import (DISPATCHES, LAUNCHES, ORDERS, POLICIES, STREAM_ORDERED, SyncPolicy, TileOrder, launch_allowed,
+                   order_env, pair_env, policy_for)
 from .workloads import Chain
 
 _NEVER = np.iinfo(np.int64).max
@@ -829,7 +829,7 @@ def simulate(protocol: Protocol, schedule: Schedule, runs: int = 1) -> str | Non
     A serial launch is not simulated: its kernel boundaries finish every producer tile
     before a consumer block starts, which is all the simulation would find.
     """
-    if protocol.launch == "serial":
+    if protocol.launch in STREAM_ORDERED:
         return None
     for g in protocol.grids:
         msg = check_order(g, protocol.order)
@@ -883,7 +883,7 @@ def check_protocol(protocol: Protocol, *, slots: int = 132, runs: int = 2, seed:
         if msg:
             return msg
     if protocol.policy is None:
-        if protocol.launch != "serial":
+        if protocol.launch not in STREAM_ORDERED:
             return f"a {protocol.launch} launch needs a sync policy: without one nothing orders the stages"
         return None  # kernel boundaries order everything: nothing waits, nothing can deadlock
     for p, c in protocol.pairs():

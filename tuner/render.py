@@ -19,7 +19,7 @@ from .config import Config, StageGrid, StageTiles
 from .epilogues import get_epilogue
 from .stages import kind_of
 from .paths import templates_dir
-from .sync import ORDERS, POLICIES, order_env, pair_env, policy_for
+from .sync import ORDERS, POLICIES, STREAM_ORDERED, order_env, pair_env, policy_for
 from .workloads import Chain
 
 HEADERS = ("sync.cuh", "gemm.cuh")
@@ -36,6 +36,7 @@ class Launch:
     threads: int
     smem: int
     stream: int  # 0 or 1
+    pdl: bool = False  # a programmatic dependent launch (the pdl launch mode, every stage after the first)
 
 
 @dataclass(frozen=True)
@@ -230,10 +231,11 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
     else:
         out = []
         for i, g in enumerate(grids):
-            stream = 0 if config.launch == "serial" else i % 2
+            stream = 0 if config.launch in STREAM_ORDERED else i % 2
             if stages[i]["guard"] is not None:
                 out.append(Launch(f"guard{i}_kernel", 1, 32, 0, stream))
-            out.append(Launch(f"stage{i}_kernel", g.blocks, g.tiles.threads, _smem(g), stream))
+            out.append(Launch(f"stage{i}_kernel", g.blocks, g.tiles.threads, _smem(g), stream,
+                              pdl=config.launch == "pdl" and i > 0))
         launches = tuple(out)
     digest = hashlib.sha256(source.encode()).hexdigest()
     return Rendered(source, digest, launches, max(words.n, 1), max(ws, 1), err_word, tuple(maps), device_epoch)

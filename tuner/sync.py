@@ -132,19 +132,24 @@ ORDERS: dict[str, TileOrder] = {
 # taken at block start, so tickets follow the order blocks actually start in.
 DISPATCHES = ("block", "ticket")
 
-# serial: one kernel per stage on one stream (the only mode for the stream policy).
+# serial: one kernel per stage on one stream (a mode of the stream policy).
+# pdl: serial, but each kernel after the first is a programmatic dependent launch: it may be
+#   scheduled once every block of the kernel before it has started, and its blocks wait
+#   (griddepcontrol.wait) until that kernel has finished and its writes are visible; so the
+#   next stage's launch and block scheduling overlap the previous stage's tail (stream policy).
 # two_stream: producer and consumer on two streams; a one-block guard kernel holds the
 #   consumer back until every producer block has started, so spinning consumers can
 #   never keep a producer tile off the GPU.
 # fused: one launch; blocks take tickets across all stages in dependency order, so a
 #   tile only ever waits on tiles whose blocks are already running.
-LAUNCHES = ("serial", "two_stream", "fused")
+LAUNCHES = ("serial", "pdl", "two_stream", "fused")
+STREAM_ORDERED = ("serial", "pdl")  # launches whose kernel boundaries order the stages
 
 
 def launch_allowed(policy: str, launch: str, dispatch: str) -> str | None:
     """Why this policy/launch/dispatch combination is impossible, or None if it is fine."""
-    if (policy == "stream") != (launch == "serial"):
-        return "the stream policy runs exactly in the serial launch mode"
+    if (policy == "stream") != (launch in STREAM_ORDERED):
+        return "the stream policy runs exactly in the stream-ordered launch modes (serial, pdl)"
     if launch == "fused" and dispatch != "ticket":
         return "a fused launch dispatches by ticket"
     return None

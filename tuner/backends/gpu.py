@@ -117,6 +117,36 @@ def load_functions(module: Any, launches: Sequence[Launch]) -> dict[str, Any]:
     return funcs
 
 
+def launch_dependent(func: Any, l: Launch, args: tuple, stream: Any) -> None:
+    """Launch ``func`` on ``stream`` as a programmatic dependent launch (``cuLaunchKernelEx`` with
+    programmatic stream serialization): it may start before the kernel ahead of it on the stream
+    has finished, and its blocks wait for that kernel themselves (``griddepcontrol.wait``).
+    CuPy's kernel calls take no launch attributes, hence the driver API; the arguments are the
+    chain's: CuPy arrays (their device pointers) and the u32 epoch."""
+    import ctypes
+
+    from cuda.bindings import driver as cu
+
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = l.grid, 1, 1
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = l.threads, 1, 1
+    cfg.sharedMemBytes = l.smem
+    cfg.hStream = cu.CUstream(stream.ptr)
+    attr = cu.CUlaunchAttribute()
+    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
+    values, types = [], []
+    for a in args:
+        pointer = getattr(getattr(a, "data", None), "ptr", None)  # a CuPy array
+        values.append(pointer if pointer is not None else int(a))
+        types.append(ctypes.c_void_p if pointer is not None else ctypes.c_uint32)
+    err, = cu.cuLaunchKernelEx(cfg, cu.CUfunction(func.ptr), (tuple(values), tuple(types)), 0)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuLaunchKernelEx({l.kernel}): {cu.cuGetErrorString(err)[1]}")
+
+
 def enqueue_launches(funcs: dict[str, Any], launches: Sequence[Launch], args: tuple, stream: Any, side: Any,
                      fork: Any, join: Any) -> None:
     """Enqueue a chain's launches with ``args`` on ``stream``; those of stream 1 go to ``side``,
@@ -126,7 +156,10 @@ def enqueue_launches(funcs: dict[str, Any], launches: Sequence[Launch], args: tu
         fork.record(stream)
         side.wait_event(fork)
     for l in launches:
-        funcs[l.kernel]((l.grid,), (l.threads,), args, shared_mem=l.smem, stream=side if l.stream == 1 else stream)
+        if l.pdl:
+            launch_dependent(funcs[l.kernel], l, args, stream)
+        else:
+            funcs[l.kernel]((l.grid,), (l.threads,), args, shared_mem=l.smem, stream=side if l.stream == 1 else stream)
     if two:
         join.record(side)
         stream.wait_event(join)

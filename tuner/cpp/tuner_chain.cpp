@@ -50,7 +50,7 @@ Chain::Chain(const std::string& folder) {
       epilogues_.push_back(e);
     } else if (key == "launch") {
       Launch l;
-      f >> l.kernel >> l.grid >> l.threads >> l.smem >> l.stream;
+      f >> l.kernel >> l.grid >> l.threads >> l.smem >> l.stream >> l.pdl;
       launches_.push_back(l);
     } else if (key == "tensor_map") {
       TensorMapSpec m;
@@ -141,10 +141,21 @@ CUdeviceptr Chain::run(CUdeviceptr x, const std::vector<CUdeviceptr>& weights, C
     check(cuEventRecord(fork_, stream), "cuEventRecord");
     check(cuStreamWaitEvent(side_, fork_, 0), "cuStreamWaitEvent");
   }
-  for (const Launch& l : launches_)
-    check(cuLaunchKernel(l.func, l.grid, 1, 1, l.threads, 1, 1, l.smem, l.stream == 1 ? side_ : stream, args.data(),
-                         nullptr),
-          "cuLaunchKernel");
+  for (const Launch& l : launches_) {
+    CUlaunchConfig cfg = {};
+    cfg.gridDimX = l.grid;
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = l.threads;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = l.smem;
+    cfg.hStream = l.stream == 1 ? side_ : stream;
+    CUlaunchAttribute attr = {};
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = l.pdl ? 1 : 0;  // its blocks wait for the kernel ahead of it themselves
+    check(cuLaunchKernelEx(&cfg, l.func, args.data(), nullptr), "cuLaunchKernelEx");
+  }
   if (two) {
     check(cuEventRecord(join_, side_), "cuEventRecord");
     check(cuStreamWaitEvent(stream, join_, 0), "cuStreamWaitEvent");

@@ -20,6 +20,7 @@ namespace tuner {
 struct Launch {
   std::string kernel;
   unsigned grid = 0, threads = 0, smem = 0, stream = 0;
+  unsigned pdl = 0;  // 1: a programmatic dependent launch (may start before the kernel ahead of it ends)
   CUfunction func = nullptr;
 };
 
