@@ -70,17 +70,19 @@ def test_final_rounds_leave_out_a_config_that_goes_wrong_while_it_is_timed():
 def test_the_three_fastest_of_each_kind_go_to_the_final_rounds_and_the_rounds_pick():
     cfg = {name: Config((T, T), pol, order, "block", launch)
            for name, pol, order, launch in (("s1", "stream", "row", "serial"), ("s2", "stream", "col", "serial"),
+                                            ("p1", "stream", "row", "pdl"),
                                             ("t1", "tile", "row", "two_stream"), ("t2", "tile", "col", "two_stream"),
                                             ("t3", "row", "row", "two_stream"), ("t4", "row", "col", "two_stream"))}
     passed = [(130.0, cfg["s2"]), (129.0, cfg["s1"]), (131.0, cfg["t1"]), (129.5, cfg["t2"]), (140.0, cfg["t4"]),
-              (130.5, cfg["t3"])]
-    assert finalists(passed) == [cfg["s1"], cfg["s2"], cfg["t2"], cfg["t3"], cfg["t1"]]
+              (130.5, cfg["t3"]), (128.0, cfg["p1"])]
+    # Stream order, stream order with programmatic dependent launches, tile-level sync: each its own kind.
+    assert finalists(passed) == [cfg["s1"], cfg["s2"], cfg["p1"], cfg["t2"], cfg["t3"], cfg["t1"]]
     fin = bench.named_finalists(passed)
-    assert fin == {"stream": cfg["s1"], "stream#2": cfg["s2"], "tile": cfg["t2"], "tile#2": cfg["t3"],
-                   "tile#3": cfg["t1"]}
+    assert fin == {"stream": cfg["s1"], "stream#2": cfg["s2"], "pdl": cfg["p1"], "tile": cfg["t2"],
+                   "tile#2": cfg["t3"], "tile#3": cfg["t1"]}
     # The rounds, at one clock for all, decide: stream#2 wins its kind; tile#2 was left out.
-    final = {"stream": 128.6, "stream#2": 128.1, "tile": 129.9, "tile#3": 129.2, "cupy cublas": 125.9}
-    assert bench.fastest_per_kind(fin, final) == {"stream": "stream#2", "tile": "tile#3"}
+    final = {"stream": 128.6, "stream#2": 128.1, "pdl": 127.7, "tile": 129.9, "tile#3": 129.2, "cupy cublas": 125.9}
+    assert bench.fastest_per_kind(fin, final) == {"stream": "stream#2", "pdl": "pdl", "tile": "tile#3"}
 
 
 def test_the_table_gives_ratios_to_every_baseline_and_the_floor():

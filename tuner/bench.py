@@ -21,7 +21,7 @@ from typing import Any
 
 from .config import Config
 from .report import best_pytorch
-from .study import FINAL_PER_KIND, finalists, kind_of, run_study, study_name
+from .study import FINAL_PER_KIND, SYNC_KINDS, finalists, kind_of, run_study, study_name
 from . import UsageError
 from .workloads import Chain, get_workload
 
@@ -93,7 +93,7 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
         rounds.update({name: got[name] for name in extra if isinstance(got.get(name), list)})
         final = {name: round(median(v), 3) for name, v in rounds.items() if v}
         ours = {n: c for n, c in contestants.items()
-                if n in final and (n in ("stream", "tile") or n.startswith(("stream#", "tile#")))}
+                if n in final and (n in SYNC_KINDS or n.startswith(tuple(f"{k}#" for k in SYNC_KINDS)))}
         picked = fastest_per_kind(ours, final)
         found = {kind: (next(us for us, c in passed if c == contestants[name]), contestants[name])
                  for kind, name in picked.items()}
@@ -107,10 +107,11 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
                "finalists": {name: c.short() for name, c in contestants.items()},
                "configs": len(passed), "search_trials": outcome.measured, "search_new": outcome.new_trials,
                "search_s": round(outcome.elapsed_s, 1), "strategy": strategy,
-               "stream_us": best.get("stream"), "tile_us": best.get("tile"),
+               "stream_us": best.get("stream"), "pdl_us": best.get("pdl"), "tile_us": best.get("tile"),
                "tuned_us": best[tuned] if tuned else float("nan"), "tuned": tuned,
                "selection_us": {k: v[0] for k, v in found.items()}, "rounds_us": rounds,
                "stream_config": found["stream"][1].to_dict() if "stream" in found else None,
+               "pdl_config": found["pdl"][1].to_dict() if "pdl" in found else None,
                "tile_config": found["tile"][1].to_dict() if "tile" in found else None}
         rows.append(row)
         log(_row_text(row))
@@ -190,7 +191,7 @@ def fastest_per_kind(contestants: dict[str, Config], final: dict[str, float]) ->
 
 
 def picked_configs(summary_path: Path, label: str) -> list[Config]:
-    """The tile and stream configs a bench summary picked for chain ``label`` (none if it has no such row)."""
+    """The configs a bench summary picked for chain ``label``, one per kind of sync (none if it has no such row)."""
     try:
         rows = json.loads(Path(summary_path).read_text()).get("rows", [])
     except (OSError, ValueError, AttributeError):
@@ -198,7 +199,7 @@ def picked_configs(summary_path: Path, label: str) -> list[Config]:
     out = []
     for row in rows:
         if isinstance(row, dict) and row.get("label") == label:
-            for key in ("tile_config", "stream_config"):
+            for key in ("tile_config", "pdl_config", "stream_config"):
                 try:
                     out.append(Config.from_dict(row[key]))
                 except (KeyError, TypeError, ValueError):
@@ -208,24 +209,26 @@ def picked_configs(summary_path: Path, label: str) -> list[Config]:
 
 def _row_text(r: dict[str, Any]) -> str:
     b = ", ".join(f"{k} {v:.1f}" for k, v in {**r["baselines_us"], **r.get("compared_us", {})}.items())
-    return (f"{r['label']}: tuned {r['tuned_us']:.1f} µs (stream {r['stream_us']}, tile {r['tile_us']}), "
+    return (f"{r['label']}: tuned {r['tuned_us']:.1f} µs (stream {r['stream_us']}, pdl {r.get('pdl_us')}, "
+            f"tile {r['tile_us']}), "
             f"floor {r['floor_us']:.1f}; {b}; {r['search_trials']} trials in {r['search_s']} s")
 
 
 def table(summary: dict[str, Any]) -> str:
     """The bench summary as a text table: times in µs and ratios (>1 means we are faster)."""
     names = sorted({k for r in summary["rows"] for k in {**r["baselines_us"], **r.get("compared_us", {})}})
-    head = ["size", "floor", "ours stream", "ours tile", "tuned", *names, "tuned/floor",
-            *(f"x vs {n}" for n in names), "tile vs stream"]
+    head = ["size", "floor", "ours stream", "ours pdl", "ours tile", "tuned", *names, "tuned/floor",
+            *(f"x vs {n}" for n in names), "pdl vs stream", "tile vs stream"]
     lines = ["  ".join(head)]
     for r in summary["rows"]:
         tuned = r["tuned_us"]
         f = lambda v: "-" if v is None else f"{v:.1f}"
         others = {**r["baselines_us"], **r.get("compared_us", {})}
         vs = [f"{others[n] / tuned:.2f}" if n in others else "-" for n in names]
-        tvs = f"{r['stream_us'] / r['tile_us']:.2f}" if r["stream_us"] and r["tile_us"] else "-"
-        lines.append("  ".join([",".join(f"{k}={v}" for k, v in r.get("size", {"tokens": r["tokens"]}).items()), f(r["floor_us"]), f(r["stream_us"]), f(r["tile_us"]), f(tuned),
-                                *(f(others.get(n)) for n in names), f"{tuned / r['floor_us']:.2f}", *vs, tvs]))
+        over = lambda k: f"{r['stream_us'] / r[k]:.2f}" if r["stream_us"] and r.get(k) else "-"
+        lines.append("  ".join([",".join(f"{k}={v}" for k, v in r.get("size", {"tokens": r["tokens"]}).items()), f(r["floor_us"]), f(r["stream_us"]), f(r.get("pdl_us")), f(r["tile_us"]), f(tuned),
+                                *(f(others.get(n)) for n in names), f"{tuned / r['floor_us']:.2f}", *vs, over("pdl_us"),
+                                over("tile_us")]))
     return "\n".join(lines)
 
 

@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     strategy(p, DEFAULT_STRATEGY)
     p.add_argument("--trials", type=_positive_int, metavar="N",
                    help="measured trials of the search per size, as for study (a size the storage already "
-                        "holds costs no new trial); then the 3 fastest stream-sync and tile-sync chains are "
+                        "holds costs no new trial); then the 3 fastest chains of each kind of sync (stream, pdl, tile) are "
                         "timed again, with every baseline, in 5 interleaved rounds after idle")
     p.add_argument("--seed", type=_non_negative_int, default=0, metavar="N", help="strategy seed and random inputs")
     p.add_argument("--graphs", action="store_true",

@@ -104,7 +104,8 @@ def plot_series(s: Series, workload: str, out_dir: Path) -> tuple[Path, Path]:
     title = f"{workload} {s.name} on {s.device} (recorded bench measurements)"
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    lines = {"tuned": [r.get("tuned_us") for r in s.rows], "ours, stream-sync": [r.get("stream_us") for r in s.rows]}
+    lines = {"tuned": [r.get("tuned_us") for r in s.rows], "ours, stream-sync": [r.get("stream_us") for r in s.rows],
+             "ours, stream-sync with PDL": [r.get("pdl_us") for r in s.rows]}
     for name in sorted({k for r in s.rows for k in (r.get("baselines_us") or {})}):
         lines[name] = [(r.get("baselines_us") or {}).get(name) for r in s.rows]
     lines["floor"] = [r.get("floor_us") for r in s.rows]
@@ -118,9 +119,12 @@ def plot_series(s: Series, workload: str, out_dir: Path) -> tuple[Path, Path]:
 
     fig, ax = plt.subplots(figsize=(8, 4))
     tile = [(a, r["stream_us"] / r["tile_us"]) for a, r in zip(x, s.rows) if r.get("stream_us") and r.get("tile_us")]
+    pdl = [(a, r["stream_us"] / r["pdl_us"]) for a, r in zip(x, s.rows) if r.get("stream_us") and r.get("pdl_us")]
     over = [(a, b[1] / r["tuned_us"]) for a, r in zip(x, s.rows) if (b := _best_baseline(r))]
     if tile:
         ax.plot(*zip(*tile), marker="o", ms=3, label="tile-sync over stream-sync (ours)")
+    if pdl:
+        ax.plot(*zip(*pdl), marker="o", ms=3, label="PDL over stream-sync (ours)")
     if over:
         ax.plot(*zip(*over), marker="o", ms=3, label="tuned over the best baseline")
     ax.axhline(1.0, color="k", lw=1, ls="--", label="1.0: as fast")
@@ -158,11 +162,14 @@ def write_report(workload: str, paths: Sequence[Path] | None = None, out_dir: Pa
     for s in series:
         times, speed = plot_series(s, wl.name, out_dir)
         lines += [f"## {s.name} on {s.device}", "", f"![time]({times.name})", "", f"![speedup]({speed.name})", "",
-                  f"| {wl.sweep_param} | tuned | ours stream-sync | best baseline | best / tuned | floor | "
-                  "tile vs stream | source |", "| ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]
+                  f"| {wl.sweep_param} | tuned | ours stream-sync | ours PDL | best baseline | best / tuned | floor | "
+                  "PDL vs stream | tile vs stream | source |",
+                  "| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
         for r in s.rows:
             b = _best_baseline(r)
             tvs = f"{r['stream_us'] / r['tile_us']:.2f}" if r.get("stream_us") and r.get("tile_us") else "-"
+            pvs = f"{r['stream_us'] / r['pdl_us']:.2f}" if r.get("stream_us") and r.get("pdl_us") else "-"
+            pdl = "-" if r.get("pdl_us") is None else f"{r['pdl_us']:.1f}"
             src = Path(s.sources[r["label"]])
             try:
                 src = src.relative_to(home())
@@ -172,8 +179,8 @@ def write_report(workload: str, paths: Sequence[Path] | None = None, out_dir: Pa
             stream = "-" if r.get("stream_us") is None else f"{r['stream_us']:.1f}"
             best = "-" if b is None else f"{b[1]:.1f} ({b[0]})"
             ratio = "-" if b is None else f"{b[1] / tuned:.2f}"
-            lines.append(f"| {r['size'][wl.sweep_param]} | {tuned:.1f} ({r.get('tuned')}) | {stream} | {best} | "
-                         f"{ratio} | {r['floor_us']:.1f} | {tvs} | `{src}`{' (in CUDA graphs)' if r['graphs'] else ''} |")
+            lines.append(f"| {r['size'][wl.sweep_param]} | {tuned:.1f} ({r.get('tuned')}) | {stream} | {pdl} | {best} | "
+                         f"{ratio} | {r['floor_us']:.1f} | {pvs} | {tvs} | `{src}`{' (in CUDA graphs)' if r['graphs'] else ''} |")
         lines.append("")
     lines += network_lines(wl.name, paths)
     page = out_dir / f"{wl.name}.md"

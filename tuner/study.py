@@ -522,19 +522,25 @@ def _transfer(book: TrialBook, rdb: Any, chain: Chain, device: Any) -> tuple[lis
     return near_chain, near_stages
 
 
-FINAL_PER_KIND = 3  # fastest stream-sync and tile-sync configs into the final rounds
+FINAL_PER_KIND = 3  # fastest configs of each kind of sync into the final rounds
 FINAL_ROUNDS = 5
+# Kinds of sync, reported apart: stream order (serial kernels), stream order with programmatic
+# dependent launches, and tile-level policies.
+SYNC_KINDS = ("stream", "pdl", "tile")
 
 
 def kind_of(cfg: Config) -> str:
-    """``stream`` for a stream-synchronized config, ``tile`` for any tile-level policy."""
-    return "stream" if cfg.policy == "stream" else "tile"
+    """``stream`` for serial stream sync, ``pdl`` for stream sync through programmatic dependent
+    launches, ``tile`` for any tile-level policy."""
+    if cfg.policy != "stream":
+        return "tile"
+    return "pdl" if cfg.launch == "pdl" else "stream"
 
 
 def finalists(timed: Sequence[tuple[float, Config]], per_kind: int = FINAL_PER_KIND) -> list[Config]:
     """The fastest ``per_kind`` configs of each kind by their single timings (stream first)."""
     out: list[Config] = []
-    for kind in ("stream", "tile"):
+    for kind in SYNC_KINDS:
         mine = sorted(((us, c) for us, c in timed if kind_of(c) == kind), key=lambda x: x[0])
         out += [c for _, c in mine[:per_kind] if c not in out]
     return out
