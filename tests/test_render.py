@@ -107,3 +107,35 @@ def test_graph_replayable_sources_number_their_runs_in_every_kernel(tmp_path):
         return
     for cfg in coverage(chain)[::4]:
         assert not tc.compile_source(render(chain, cfg, device_epoch=True).source, "sm_90a", cache_dir=tmp_path).spills
+
+
+def test_a_pdl_launch_hands_the_driver_pointers_the_epoch_and_the_serialization_attribute(monkeypatch):
+    """The marshalling of a programmatic dependent launch, against a stand-in for cuda-bindings'
+    driver module (its calling convention: (values, ctypes types) for the kernel parameters)."""
+    import ctypes
+    import types
+
+    import numpy as np
+    import pytest
+
+    bindings = pytest.importorskip("cuda.bindings")
+    from tuner.backends.gpu import launch_dependent
+    from tuner.render import Launch
+
+    calls = []
+    fake = types.SimpleNamespace(
+        CUlaunchConfig=types.SimpleNamespace, CUstream=lambda p: ("stream", p), CUfunction=lambda p: ("func", p),
+        CUlaunchAttribute=lambda: types.SimpleNamespace(value=types.SimpleNamespace()),
+        CUlaunchAttributeID=types.SimpleNamespace(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION="pss"),
+        CUresult=types.SimpleNamespace(CUDA_SUCCESS=0), cuGetErrorString=lambda e: (0, b"?"),
+        cuLaunchKernelEx=lambda cfg, f, params, extra: calls.append((cfg, f, params, extra)) or (0,))
+    monkeypatch.setattr(bindings, "driver", fake, raising=False)
+    array = lambda ptr: types.SimpleNamespace(data=types.SimpleNamespace(ptr=ptr))
+    launch_dependent(types.SimpleNamespace(ptr=77), Launch("stage1_kernel", 132, 256, 99_000, 0, pdl=True),
+                     (array(1000), array(2000), np.uint32(5), array(3000)), types.SimpleNamespace(ptr=42))
+    (cfg, f, (values, kinds), extra), = calls
+    assert f == ("func", 77) and extra == 0 and cfg.hStream == ("stream", 42)
+    assert (cfg.gridDimX, cfg.blockDimX, cfg.sharedMemBytes, cfg.numAttrs) == (132, 256, 99_000, 1)
+    assert cfg.attrs[0].id == "pss" and cfg.attrs[0].value.programmaticStreamSerializationAllowed == 1
+    assert values == (1000, 2000, 5, 3000)
+    assert kinds == (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p)
