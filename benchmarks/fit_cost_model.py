@@ -41,6 +41,7 @@ def load(paths: list[str]) -> tuple[str, dict[str, list[tuple[float, dict[str, f
     """Per stage-alone label, (measured seconds, features, coarse estimate) of each measured tiling."""
     rows: dict[str, list] = defaultdict(list)
     seen, devices = set(), set()
+    dev = DeviceInfo("NVIDIA H200")  # the device whose timings the recordings hold
     for path in paths:
         doc = json.loads(Path(path).read_text())
         if doc.get("synthetic"):
@@ -57,7 +58,6 @@ def load(paths: list[str]) -> tuple[str, dict[str, list[tuple[float, dict[str, f
                         else str(doc.get("device")))
             chain = chain_from_label(r["label"])
             g = StageGrid(chain.stages[0], Config.from_dict(r["config"]).tiles[0])
-            dev = DeviceInfo("NVIDIA H200")
             rows[r["label"]].append((m["median_us"] * 1e-6, features(g, dev), stage_seconds(g, dev)))
     return ", ".join(sorted(devices)), {k: v for k, v in rows.items() if len(v) >= 6}
 

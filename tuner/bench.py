@@ -20,7 +20,7 @@ from statistics import median
 from typing import Any
 
 from .config import Config
-from .report import best_pytorch
+from .report import best_pytorch, over_stream, ratio_text
 from .study import FINAL_PER_KIND, SYNC_KINDS, finalists, kind_of, run_study, study_name
 from . import UsageError
 from .workloads import Chain, get_workload
@@ -62,6 +62,8 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
     command = "python -m tuner " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py") else ""
     out.parent.mkdir(parents=True, exist_ok=True)
     rec_path = out.with_name(out.name.replace(".bench.json", "") + ".measurements.json")
+    # Every measurement of these sizes the storage holds, this run's and an earlier study's alike.
+    labels = [c.label for c in chains] + [c.alone(j).label for c in chains for j in range(len(c.stages))]
     rows = []
     summary: dict[str, Any] = {}
     for ch in chains:
@@ -69,9 +71,8 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
                             log=log)
         log(f"{ch.label}: search: {outcome.measured} trials ({outcome.new_trials} new, "
             f"{outcome.stage_trials} of them stages alone) in {outcome.elapsed_s:.0f} s")
-        # Every measurement of these sizes the storage holds, this run's and an earlier study's alike,
-        # written as soon as the search ends: the final rounds add none, and may not finish.
-        labels = [c.label for c in chains] + [c.alone(j).label for c in chains for j in range(len(c.stages))]
+        # The recording, written as soon as the search ends: the final rounds add no measurement,
+        # and may not finish.
         store = MeasurementStore(storage, writable=False)
         write_recording(rec_path, dev, store.records(dev, labels), command)
         store.close()
@@ -93,7 +94,7 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
         rounds.update({name: got[name] for name in extra if isinstance(got.get(name), list)})
         final = {name: round(median(v), 3) for name, v in rounds.items() if v}
         ours = {n: c for n, c in contestants.items()
-                if n in final and (n in SYNC_KINDS or n.startswith(tuple(f"{k}#" for k in SYNC_KINDS)))}
+                if n in final and n.split("#")[0] in SYNC_KINDS}
         picked = fastest_per_kind(ours, final)
         found = {kind: (next(us for us, c in passed if c == contestants[name]), contestants[name])
                  for kind, name in picked.items()}
@@ -225,10 +226,9 @@ def table(summary: dict[str, Any]) -> str:
         f = lambda v: "-" if v is None else f"{v:.1f}"
         others = {**r["baselines_us"], **r.get("compared_us", {})}
         vs = [f"{others[n] / tuned:.2f}" if n in others else "-" for n in names]
-        over = lambda k: f"{r['stream_us'] / r[k]:.2f}" if r["stream_us"] and r.get(k) else "-"
         lines.append("  ".join([",".join(f"{k}={v}" for k, v in r.get("size", {"tokens": r["tokens"]}).items()), f(r["floor_us"]), f(r["stream_us"]), f(r.get("pdl_us")), f(r["tile_us"]), f(tuned),
-                                *(f(others.get(n)) for n in names), f"{tuned / r['floor_us']:.2f}", *vs, over("pdl_us"),
-                                over("tile_us")]))
+                                *(f(others.get(n)) for n in names), f"{tuned / r['floor_us']:.2f}", *vs,
+                                ratio_text(over_stream(r, "pdl")), ratio_text(over_stream(r, "tile"))]))
     return "\n".join(lines)
 
 

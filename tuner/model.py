@@ -63,20 +63,21 @@ def stage_seconds(g: StageGrid, device: DeviceInfo, bandwidth: float = BANDWIDTH
     return total
 
 
-def features(g: StageGrid, device: DeviceInfo) -> dict[str, float]:
-    """What the fitted ranking reads of a stage tiling: the coarse estimate, how the tiling fills
-    the GPU, and its shape, each as a number (logs where a factor matters more than a step)."""
-    t, st = g.tiles, g.stage
-    occ = max(1, blocks_per_sm(t, kind_of(st).smem_bytes(g)))
+def features(g: StageGrid, device: DeviceInfo, estimate: float | None = None) -> dict[str, float]:
+    """What the fitted ranking reads of a stage tiling: the coarse estimate (``stage_seconds``,
+    unless given), how the tiling fills the GPU, and its shape, each as a number (logs where a
+    factor matters more than a step)."""
+    t, kind = g.tiles, kind_of(g.stage)
+    occ = max(1, blocks_per_sm(t, kind.smem_bytes(g)))
     waves = g.blocks / (device.sms * occ)
-    attn = float(kind_of(st) is attention)
+    attn = float(kind is attention)
     return {
-        "log_estimate": math.log(stage_seconds(g, device)), "log_blocks": math.log(g.blocks),
+        "log_estimate": math.log(stage_seconds(g, device) if estimate is None else estimate), "log_blocks": math.log(g.blocks),
         "log_waves": math.log(waves), "wave_tail": math.ceil(waves) - waves, "log_split_k": math.log(t.split_k),
         "stages": float(t.stages), "log_bm": math.log(t.bm), "log_bn": math.log(t.bn), "log_bk": math.log(t.bk),
         "log_threads": math.log(t.threads), "log_chunks_per_split": math.log(g.ks), "log_occupancy": math.log(occ),
         "clustered": float(t.cluster > 1), **{f"mma_{m}": float(t.mma == m) for m in RATES},
-        "conv": float(kind_of(st) is conv), "attention": attn,
+        "conv": float(kind is conv), "attention": attn,
         "attention_log_wn": attn * math.log(t.wn), "attention_log_chunks_per_split": attn * math.log(g.ks),
     }
 
@@ -97,4 +98,4 @@ def rank_seconds(g: StageGrid, device: DeviceInfo) -> float:
     weights = _fitted()
     if not weights or not math.isfinite(est):
         return est
-    return math.exp(sum(weights.get(k, 0.0) * v for k, v in features(g, device).items()))
+    return math.exp(sum(weights.get(k, 0.0) * v for k, v in features(g, device, est).items()))

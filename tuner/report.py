@@ -86,6 +86,17 @@ def best_pytorch(us: dict[str, float]) -> float | None:
     return min((v for k, v in us.items() if k.startswith("torch")), default=None)
 
 
+def over_stream(row: dict[str, Any], kind: str) -> float | None:
+    """Our stream-sync chain's time over our best chain of another kind of sync (``tile``, ``pdl``)
+    in a bench row: above 1, that kind is faster; None where either is missing."""
+    stream, other = row.get("stream_us"), row.get(f"{kind}_us")
+    return stream / other if stream and other else None
+
+
+def ratio_text(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
 def _best_baseline(row: dict[str, Any]) -> tuple[str, float] | None:
     base = row.get("baselines_us") or {}
     return min(base.items(), key=lambda kv: kv[1]) if base else None
@@ -118,8 +129,8 @@ def plot_series(s: Series, workload: str, out_dir: Path) -> tuple[Path, Path]:
     times = _save(plt, fig, ax, sweep, "time per chain (µs)", title, out_dir / f"{stem}-time.png")
 
     fig, ax = plt.subplots(figsize=(8, 4))
-    tile = [(a, r["stream_us"] / r["tile_us"]) for a, r in zip(x, s.rows) if r.get("stream_us") and r.get("tile_us")]
-    pdl = [(a, r["stream_us"] / r["pdl_us"]) for a, r in zip(x, s.rows) if r.get("stream_us") and r.get("pdl_us")]
+    tile = [(a, v) for a, r in zip(x, s.rows) if (v := over_stream(r, "tile"))]
+    pdl = [(a, v) for a, r in zip(x, s.rows) if (v := over_stream(r, "pdl"))]
     over = [(a, b[1] / r["tuned_us"]) for a, r in zip(x, s.rows) if (b := _best_baseline(r))]
     if tile:
         ax.plot(*zip(*tile), marker="o", ms=3, label="tile-sync over stream-sync (ours)")
@@ -167,8 +178,7 @@ def write_report(workload: str, paths: Sequence[Path] | None = None, out_dir: Pa
                   "| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
         for r in s.rows:
             b = _best_baseline(r)
-            tvs = f"{r['stream_us'] / r['tile_us']:.2f}" if r.get("stream_us") and r.get("tile_us") else "-"
-            pvs = f"{r['stream_us'] / r['pdl_us']:.2f}" if r.get("stream_us") and r.get("pdl_us") else "-"
+            tvs, pvs = ratio_text(over_stream(r, "tile")), ratio_text(over_stream(r, "pdl"))
             pdl = "-" if r.get("pdl_us") is None else f"{r['pdl_us']:.1f}"
             src = Path(s.sources[r["label"]])
             try:
