@@ -111,7 +111,8 @@ def test_graph_replayable_sources_number_their_runs_in_every_kernel(tmp_path):
 
 def test_a_pdl_launch_hands_the_driver_pointers_the_epoch_and_the_serialization_attribute(monkeypatch):
     """The marshalling of a programmatic dependent launch, against a stand-in for cuda-bindings'
-    driver module (its calling convention: (values, ctypes types) for the kernel parameters)."""
+    driver module: the kernel parameters go as the address of an array of pointers to the
+    arguments' values (device pointers as 64 bits, the epoch as 32), refilled at each launch."""
     import ctypes
     import types
 
@@ -119,23 +120,33 @@ def test_a_pdl_launch_hands_the_driver_pointers_the_epoch_and_the_serialization_
     import pytest
 
     bindings = pytest.importorskip("cuda.bindings")
-    from tuner.backends.gpu import launch_dependent
+    from tuner.backends.gpu import _dependent, launch_dependent
     from tuner.render import Launch
 
     calls = []
+
+    def launch(cfg, f, params, extra):
+        slots = (ctypes.c_void_p * 4).from_address(params)
+        kinds = (ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint64)
+        calls.append((cfg, f, tuple(k.from_address(a).value for k, a in zip(kinds, slots)), extra))
+        return (0,)
+
     fake = types.SimpleNamespace(
         CUlaunchConfig=types.SimpleNamespace, CUstream=lambda p: ("stream", p), CUfunction=lambda p: ("func", p),
         CUlaunchAttribute=lambda: types.SimpleNamespace(value=types.SimpleNamespace()),
         CUlaunchAttributeID=types.SimpleNamespace(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION="pss"),
-        CUresult=types.SimpleNamespace(CUDA_SUCCESS=0), cuGetErrorString=lambda e: (0, b"?"),
-        cuLaunchKernelEx=lambda cfg, f, params, extra: calls.append((cfg, f, params, extra)) or (0,))
+        CUresult=types.SimpleNamespace(CUDA_SUCCESS=0), cuGetErrorString=lambda e: (0, b"?"), cuLaunchKernelEx=launch)
     monkeypatch.setattr(bindings, "driver", fake, raising=False)
     array = lambda ptr: types.SimpleNamespace(data=types.SimpleNamespace(ptr=ptr))
-    launch_dependent(types.SimpleNamespace(ptr=77), Launch("stage1_kernel", 132, 256, 99_000, 0, pdl=True),
-                     (array(1000), array(2000), np.uint32(5), array(3000)), types.SimpleNamespace(ptr=42))
-    (cfg, f, (values, kinds), extra), = calls
-    assert f == ("func", 77) and extra == 0 and cfg.hStream == ("stream", 42)
+    kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=77))  # CuPy's RawKernel
+    _dependent.cache_clear()  # built once per kernel, launch and stream
+    l = Launch("stage1_kernel", 132, 256, 99_000, 0, pdl=True)
+    for epoch in (5, 6):
+        launch_dependent(kernel, l, (array(1000), array(2000 + epoch), np.uint32(epoch), array(1 << 40)),
+                         types.SimpleNamespace(ptr=42))
+    _dependent.cache_clear()
+    (cfg, f, values, extra), (cfg2, _, values2, _) = calls
+    assert f == ("func", 77) and extra == 0 and cfg.hStream == ("stream", 42) and cfg2 is cfg
     assert (cfg.gridDimX, cfg.blockDimX, cfg.sharedMemBytes, cfg.numAttrs) == (132, 256, 99_000, 1)
     assert cfg.attrs[0].id == "pss" and cfg.attrs[0].value.programmaticStreamSerializationAllowed == 1
-    assert values == (1000, 2000, 5, 3000)
-    assert kinds == (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p)
+    assert values == (1000, 2005, 5, 1 << 40) and values2 == (1000, 2006, 6, 1 << 40)

@@ -5,6 +5,7 @@ puts it in a child process so that a crashing or hanging kernel costs one trial,
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import tempfile
@@ -118,33 +119,57 @@ def load_functions(module: Any, launches: Sequence[Launch]) -> dict[str, Any]:
 
 
 def launch_dependent(func: Any, l: Launch, args: tuple, stream: Any) -> None:
-    """Launch ``func`` on ``stream`` as a programmatic dependent launch (``cuLaunchKernelEx`` with
-    programmatic stream serialization): it may start before the kernel ahead of it on the stream
-    has finished, and its blocks wait for that kernel themselves (``griddepcontrol.wait``).
-    CuPy's kernel calls take no launch attributes, hence the driver API; the arguments are the
-    chain's: CuPy arrays (their device pointers) and the u32 epoch."""
-    import ctypes
+    """Launch ``func`` (a CuPy kernel) on ``stream`` as a programmatic dependent launch
+    (``cuLaunchKernelEx`` with programmatic stream serialization): it may start before the kernel
+    ahead of it on the stream has finished, and its blocks wait for that kernel themselves
+    (``griddepcontrol.wait``). CuPy's kernel calls take no launch attributes, hence the driver API;
+    the arguments are the chain's: CuPy arrays (their device pointers) and the u32 epoch."""
+    handle = getattr(func, "kernel", func).ptr  # a RawModule's RawKernel holds the loaded Function
+    _dependent(handle, l, stream.ptr, tuple(_pointer(a) is not None for a in args))(args)
 
-    from cuda.bindings import driver as cu
 
-    cfg = cu.CUlaunchConfig()
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = l.grid, 1, 1
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = l.threads, 1, 1
-    cfg.sharedMemBytes = l.smem
-    cfg.hStream = cu.CUstream(stream.ptr)
-    attr = cu.CUlaunchAttribute()
-    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value.programmaticStreamSerializationAllowed = 1
-    cfg.attrs = [attr]
-    cfg.numAttrs = 1
-    values, types = [], []
-    for a in args:
-        pointer = getattr(getattr(a, "data", None), "ptr", None)  # a CuPy array
-        values.append(pointer if pointer is not None else int(a))
-        types.append(ctypes.c_void_p if pointer is not None else ctypes.c_uint32)
-    err, = cu.cuLaunchKernelEx(cfg, cu.CUfunction(func.ptr), (tuple(values), tuple(types)), 0)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuLaunchKernelEx({l.kernel}): {cu.cuGetErrorString(err)[1]}")
+def _pointer(a: Any) -> int | None:
+    """A CuPy array's device pointer; None for a scalar."""
+    return getattr(getattr(a, "data", None), "ptr", None)
+
+
+class _DependentLaunch:
+    """One kernel's dependent launch on one stream: its configuration and its parameter block
+    (a slot per argument, and the array of their addresses the driver reads), built once; a
+    launch only writes this run's values into the slots. Building them per launch through
+    cuda-bindings' argument marshalling costs more host time than a short kernel runs."""
+
+    def __init__(self, handle: int, l: Launch, stream_ptr: int, pointers: tuple[bool, ...]):
+        import ctypes
+
+        from cuda.bindings import driver as cu
+
+        self.cu, self.name = cu, l.kernel
+        cfg = cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = l.grid, 1, 1
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = l.threads, 1, 1
+        cfg.sharedMemBytes = l.smem
+        cfg.hStream = cu.CUstream(stream_ptr)
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+        self.cfg, self.function = cfg, cu.CUfunction(handle)
+        self.slots = [ctypes.c_uint64() if p else ctypes.c_uint32() for p in pointers]
+        self.block = (ctypes.c_void_p * len(self.slots))(*(ctypes.addressof(s) for s in self.slots))
+        self.block_address = ctypes.addressof(self.block)
+
+    def __call__(self, args: tuple) -> None:
+        for slot, a in zip(self.slots, args):
+            p = _pointer(a)
+            slot.value = p if p is not None else int(a)
+        err, = self.cu.cuLaunchKernelEx(self.cfg, self.function, self.block_address, 0)
+        if err != self.cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuLaunchKernelEx({self.name}): {self.cu.cuGetErrorString(err)[1]}")
+
+
+_dependent = functools.lru_cache(maxsize=256)(_DependentLaunch)
 
 
 def enqueue_launches(funcs: dict[str, Any], launches: Sequence[Launch], args: tuple, stream: Any, side: Any,
