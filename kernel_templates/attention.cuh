@@ -97,6 +97,21 @@ __device__ __forceinline__ void softmax_merge(float (&acc)[T::DI][4], SoftmaxRow
   }
 }
 
+// The warps of a row hand their partial results to its first warp through shared memory (free
+// by then: the ring is no longer read); on return the first warp holds the row's merged result
+// and the memory may be reused.
+template <class T>
+__device__ __forceinline__ void merge_row_warps(float (&acc)[T::DI][4], SoftmaxRows& sm, half_t* smem) {
+  float4* buf = reinterpret_cast<float4*>(smem);
+  constexpr int PER = (T::DI + 1) * 32;  // float4s per warp
+  const int wrow = T::row(), lane = threadIdx.x % 32;
+  if (T::part() > 0) softmax_store<T, false>(acc, sm, buf + (wrow * (T::WN - 1) + T::part() - 1) * PER + lane, 32);
+  __syncthreads();
+  if (T::part() == 0)
+    for (int w = 1; w < T::WN; ++w) softmax_merge<T, false>(acc, sm, buf + (wrow * (T::WN - 1) + w - 1) * PER + lane, 32);
+  __syncthreads();
+}
+
 // Where key `key` of KV head `kvh` lives: the cache for keys before CACHE, the QKV projection's
 // output for the new tokens after it; `part` 0 = keys, 1 = values. ok is false past `last_key`,
 // the tile's last query's own: those rows read as zeros, since under tile synchronization the
@@ -253,27 +268,28 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
     sm.sum[h] += __shfl_xor_sync(0xffffffffu, sm.sum[h], 1);
     sm.sum[h] += __shfl_xor_sync(0xffffffffu, sm.sum[h], 2);
   }
-  if constexpr (T::WN > 1) {
-    // The warps of a row hand their partial results to its first warp through the free ring.
-    float4* buf = reinterpret_cast<float4*>(smem);
-    constexpr int PER = (T::DI + 1) * 32;  // float4s per warp
-    if (T::part() > 0)
-      softmax_store<T, false>(acc, sm, buf + (wrow * (T::WN - 1) + T::part() - 1) * PER + lane, 32);
-    __syncthreads();
-    if (T::part() == 0)
-      for (int w = 1; w < T::WN; ++w) softmax_merge<T, false>(acc, sm, buf + (wrow * (T::WN - 1) + w - 1) * PER + lane, 32);
-    __syncthreads();  // the ring may be reused by the caller (next tile, fused launch)
-  }
+  if constexpr (T::WN > 1) merge_row_warps<T>(acc, sm, smem);
 }
 
 // Split-KV, the split that arrives last: fold the other splits' partial results into its own.
-// A split's partials are its holders' fragments, then their softmax state (coalesced).
+// A split's partials are its holders' fragments, then their softmax state (coalesced). The WN
+// warps of a row share the splits (each merge waits on a round trip to L2, so one warp merging
+// them all would wait S - 1 times), then merge their results through shared memory.
 template <class T, int S>
-__device__ __forceinline__ void attention_combine(float (&acc)[T::DI][4], SoftmaxRows& sm, const float4* part, int s) {
-  if (T::part() != 0) return;
+__device__ __forceinline__ void attention_combine(float (&acc)[T::DI][4], SoftmaxRows& sm, const float4* part, int s,
+                                                  half_t* smem) {
+  if (T::part() != 0) {  // its share of this split's keys is in the row's first warp already
+#pragma unroll
+    for (int j = 0; j < T::DI; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+    sm.max[0] = sm.max[1] = neg_inf();
+    sm.sum[0] = sm.sum[1] = 0.f;
+  }
 #pragma unroll 1
-  for (int s2 = 0; s2 < S; ++s2)
+  for (int s2 = T::part(); s2 < S; s2 += T::WN)
     if (s2 != s) softmax_merge<T, true>(acc, sm, part + (size_t)s2 * (T::DI + 1) * T::HOLDERS + T::slot(), T::HOLDERS);
+  if constexpr (T::WN > 1) merge_row_warps<T>(acc, sm, smem);
 }
 
 template <class T>
