@@ -1,7 +1,7 @@
 """Run one recorded config on the GPU, verified, then again and again: the target for a profiler.
 
     python benchmarks/profile_config.py RECORDING --label TEXT [--rank N] [--runs N]
-    ncu --set full --launch-skip 20 --launch-count 1 -o OUT/attn \\
+    ncu --set full -k regex:'stage|fused' --launch-skip 10 --launch-count 1 -o OUT/attn \\
         python benchmarks/profile_config.py studies/llama-attn-decode.measurements.json \\
         --label 'llama-attn.attn/tokens=1,'
 
@@ -9,8 +9,9 @@ Picks, among the recording's measured configs whose label contains TEXT (a chain
 timed alone: ``gpt3.gemm1/...``), the one ranked N by its recorded median (0: the fastest),
 renders and compiles it as bench does, checks it against the float32 reference, then runs it
 ``--runs`` times back to back and prints its median beside the recorded one. The kernels are
-``stage<i>_kernel`` (``fused_kernel`` for a fused launch), and the first runs are warm-up, so
-skip a few launches in the profiler.
+``stage<i>_kernel`` (``fused_kernel`` for a fused launch): filter on those names (``-k``), since
+making the inputs and the reference launches CuPy's own kernels first, and skip a few launches,
+since the first runs are the check and the warm-up.
 """
 from __future__ import annotations
 

@@ -74,6 +74,7 @@ def problems(sources, results) -> list[str]:
     return out
 
 
+@pytest.mark.timeout(1800)  # about 300 s of NVRTC on two cores; more while another test shares them
 def test_every_combination_and_a_sample_of_the_space_compile_without_spills(tmp_path, capsys):
     pairs = list(variants(per_size=26))
     sources, results, seconds = compile_all(pairs, tmp_path)
