@@ -28,11 +28,16 @@ def failures_of(backend, chain, cfgs) -> list[str]:
 ODD = dict(tokens=1000, hidden=1032, ffn=776)
 
 
-@pytest.mark.parametrize("workload,size", [("gpt3", ODD), ("gpt3", dict(tokens=1)), ("gpt3", dict(tokens=64)),
-                                           ("gpt3", dict(tokens=1000)), ("gpt3", dict(tokens=2048)),
-                                           ("llama", dict(tokens=100, hidden=1032, ffn=776))],
+# The MLP chains every combination runs at, and the sizes of the clustered configs.
+MLP_CASES = [("gpt3", ODD), ("gpt3", dict(tokens=1)), ("gpt3", dict(tokens=64)), ("gpt3", dict(tokens=1000)),
+             ("gpt3", dict(tokens=2048)), ("llama", dict(tokens=100, hidden=1032, ffn=776))]
+CLUSTER_SIZES = [ODD, dict(tokens=64), dict(tokens=256)]
+MMAS = ["sync", "wgmma", "wgmma_tma"]
+
+
+@pytest.mark.parametrize("workload,size", MLP_CASES,
                          ids=lambda s: s if isinstance(s, str) else ",".join(f"{k}={v}" for k, v in s.items()))
-@pytest.mark.parametrize("mma", ["sync", "wgmma", "wgmma_tma"])
+@pytest.mark.parametrize("mma", MMAS)
 def test_every_combination_is_correct(backend, workload, size, mma):
     chain = get_workload(workload).chain(**size)
     failures = failures_of(backend, chain, coverage(chain, mma))
@@ -40,7 +45,7 @@ def test_every_combination_is_correct(backend, workload, size, mma):
     assert len(coverage(chain)) == len(combos())
 
 
-@pytest.mark.parametrize("size", [ODD, dict(tokens=64), dict(tokens=256)],
+@pytest.mark.parametrize("size", CLUSTER_SIZES,
                          ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
 def test_clusters_sharing_tma_copies_are_correct(backend, size):
     chain = get_workload("gpt3").chain(**size)
@@ -50,7 +55,7 @@ def test_clusters_sharing_tma_copies_are_correct(backend, size):
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("mma", ["sync", "wgmma", "wgmma_tma"])
+@pytest.mark.parametrize("mma", MMAS)
 def test_repeated_runs_without_reset_stay_correct(backend, mma):
     chain = get_workload("gpt3").chain(**ODD)
     cfg = next(c for c in coverage(chain, mma) if c.policy == "tile" and c.launch == "fused")
@@ -70,7 +75,7 @@ def test_missing_post_is_reported_as_timeout_not_a_hang(backend):
 
 
 def test_cubins_compiled_on_another_host_load_without_recompiling(tmp_path):
-    """Compile anywhere, run on the GPU: a cache filled by a CPU host (``python -m tuner compile``,
+    """Compile anywhere, run on the GPU: a cache filled by a CPU host (``python tests/precompile_gpu.py``,
     carried here and named by TUNER_CARRIED_CACHE) is used as is."""
     import os
 
@@ -204,7 +209,7 @@ def test_the_cpp_example_runs_a_bundle_entry_and_checks_it(backend, tmp_path):
     assert "relative error" in run.stdout
 
 
-@pytest.mark.parametrize("mma", ["sync", "wgmma", "wgmma_tma"])
+@pytest.mark.parametrize("mma", MMAS)
 def test_chains_replayed_from_cuda_graphs_number_their_runs_and_stay_correct(backend, mma):
     """Sources with the epoch on the device (render(..., device_epoch=True)): every launch mode
     replayed from a graph many times, then a graph replay and a plain run still match the reference."""
@@ -263,11 +268,12 @@ ATTN_CASES = [("gpt3-attn", dict(tokens=1)), ("gpt3-attn", dict(tokens=4)), ("gp
               ("gpt3-attn", dict(tokens=512, cache=0)), ("gpt3-attn", dict(tokens=1000, cache=0)),
               ("llama-attn", dict(tokens=1)), ("llama-attn", dict(tokens=16, cache=2048)),
               ("llama-attn", dict(tokens=3, cache=1500)), ("llama-attn", dict(tokens=1024, cache=0))]
+ATTN_MMAS = ["sync", "wgmma"]  # of the projections: the attention tile itself is mma.sync
 
 
 @pytest.mark.parametrize("workload,size", ATTN_CASES,
                          ids=lambda s: s if isinstance(s, str) else ",".join(f"{k}={v}" for k, v in s.items()))
-@pytest.mark.parametrize("mma", ["sync", "wgmma"])
+@pytest.mark.parametrize("mma", ATTN_MMAS)
 def test_every_combination_is_correct_for_attention(backend, workload, size, mma):
     """Each sync choice of an attention layer (softmax and causal mask included) against the float32 reference."""
     from tuner.paths import home

@@ -150,3 +150,19 @@ def test_a_pdl_launch_hands_the_driver_pointers_the_epoch_and_the_serialization_
     assert (cfg.gridDimX, cfg.blockDimX, cfg.sharedMemBytes, cfg.numAttrs) == (132, 256, 99_000, 1)
     assert cfg.attrs[0].id == "pss" and cfg.attrs[0].value.programmaticStreamSerializationAllowed == 1
     assert values == (1000, 2005, 5, 1 << 40) and values2 == (1000, 2006, 6, 1 << 40)
+
+
+def test_the_kernels_of_the_gpu_tests_are_listed_for_compiling_ahead():
+    """tests/precompile_gpu.py renders what `pytest -m gpu` compiles, so that a CPU host can fill
+    the cache the GPU host runs from: GEMM, convolution and attention chains, PDL launches, and
+    sources that number their runs on the device (for graph replays)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import precompile_gpu
+
+    sources = precompile_gpu.sources().values()
+    assert len(sources) > 900
+    for marker in ("attention_mainloop<", "Im2col3x3<", "griddepcontrol.wait", "mainloop_tma<", "epoch_arg"):
+        assert any(marker in s for s in sources), marker
