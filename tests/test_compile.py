@@ -8,6 +8,7 @@ import os
 import pickle
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -238,3 +239,60 @@ def test_compiling_ahead_takes_a_carried_cache_of_another_nvrtc_and_needs_none_f
     assert got["k"].toolkit == "12.8" and got["k"].cached
     with pytest.raises(tc.ToolchainMissing):
         dict(tc.compile_many([("k", MMA)], "sm_90", cache_dir=cache))
+
+
+def _state(pid: int) -> tuple[str, int] | None:
+    """A process's state letter and parent (Linux /proc); None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[1])
+
+
+def _alive(pid: int) -> bool:
+    state = _state(pid)
+    return state is not None and state[0] != "Z"  # a zombie has ended, its parent has not reaped it yet
+
+
+def _children(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid``."""
+    return [int(p.name) for p in Path("/proc").glob("[0-9]*")
+            if (state := _state(int(p.name))) is not None and state[1] == pid and _alive(int(p.name))]
+
+
+@nvrtc
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_the_compile_workers_end_when_their_parent_is_killed(tmp_path):
+    """kill -9 of a process compiling over several workers leaves none of them behind: they would
+    otherwise wait on the pool's queue for ever."""
+    import signal
+    import subprocess
+    import time
+
+    script = tmp_path / "compile.py"
+    script.write_text(
+        "import os, sys\n"
+        "from tuner.compile import compile_many\n"
+        "if __name__ == '__main__':\n"
+        f"    src = {MMA!r}\n"
+        "    sources = [(i, src.replace('mma_tile', f'mma_tile{i}')) for i in range(400)]\n"
+        "    for _ in compile_many(sources, 'sm_90', 2, cache_dir=sys.argv[1]):\n"
+        "        pass\n")
+    cache = tmp_path / "kernels"
+    proc = subprocess.Popen([sys.executable, str(script), str(cache)])
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(cache.rglob("*.cubin"))) < 4:  # the workers are compiling
+            assert proc.poll() is None and time.monotonic() < deadline, "the compile ended before it could be killed"
+            time.sleep(0.1)
+        workers = [p for p in _children(proc.pid) if b"multiprocessing" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(workers) >= 2, workers
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while any(_alive(p) for p in workers):
+            assert time.monotonic() < deadline, f"compile workers {workers} outlived their parent"
+            time.sleep(0.2)
+    finally:
+        proc.kill()

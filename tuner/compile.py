@@ -292,6 +292,20 @@ def _build(source: str, arch: str, toolkit: str, cache: Path, name: str, options
     return mod
 
 
+def _exit_with_parent(parent: int) -> None:
+    """In a compile worker: end when the process that started it is gone. A parent killed with
+    kill -9 leaves its workers blocked on the pool's queue, whose pipe their siblings keep open,
+    so without this they would wait there for ever."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tuner-exit-with-parent", daemon=True).start()
+
+
 def _compile_job(source: str, arch: str, toolkit: str, cache: Path, options: Sequence[str]
                  ) -> CompiledModule | CompileError:
     try:
@@ -340,7 +354,8 @@ def compile_many(sources: Iterable[tuple[K, str]], arch: str = "sm_90", jobs: in
                 yield key, out
         return
     # spawn, not fork: the parent may hold a CUDA context, which a forked child must not inherit.
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_exit_with_parent, initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(_compile_job, source, arch, toolkit, cache, options): keys
                    for source, keys in pending.values()}
         for fut in as_completed(futures):
