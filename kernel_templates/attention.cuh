@@ -61,6 +61,17 @@ __device__ __forceinline__ float4 get4(const float4* p) {
   if constexpr (GLOBAL) return __ldcg(p); else return *p;
 }
 
+// A partial result that has seen no key: O = 0, max = -inf, sum = 0 (what a merge leaves as is).
+template <class T>
+__device__ __forceinline__ void softmax_clear(float (&acc)[T::DI][4], SoftmaxRows& sm) {
+#pragma unroll
+  for (int j = 0; j < T::DI; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+  sm.max[0] = sm.max[1] = neg_inf();
+  sm.sum[0] = sm.sum[1] = 0.f;
+}
+
 // A partial result as one thread stores it: its DI output fragments, then its rows' softmax
 // state, each a float4 `stride` apart (consecutive threads consecutive: coalesced).
 template <class T, bool GLOBAL>
@@ -143,12 +154,7 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
   kc_end = min(kc_end, last_key / T::BK + 1);
   const int nk = kc_end - kc_begin;
 
-#pragma unroll
-  for (int j = 0; j < T::DI; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
-  sm.max[0] = sm.max[1] = neg_inf();
-  sm.sum[0] = sm.sum[1] = 0.f;
+  softmax_clear<T>(acc, sm);
   if (nk <= 0) return;
 
   half_t* sQ = smem;
@@ -278,14 +284,8 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
 template <class T, int S>
 __device__ __forceinline__ void attention_combine(float (&acc)[T::DI][4], SoftmaxRows& sm, const float4* part, int s,
                                                   half_t* smem) {
-  if (T::part() != 0) {  // its share of this split's keys is in the row's first warp already
-#pragma unroll
-    for (int j = 0; j < T::DI; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
-    sm.max[0] = sm.max[1] = neg_inf();
-    sm.sum[0] = sm.sum[1] = 0.f;
-  }
+  // A warp past the row's first starts from nothing: its share of this split's keys is in the first already.
+  if (T::part() != 0) softmax_clear<T>(acc, sm);
 #pragma unroll 1
   for (int s2 = T::part(); s2 < S; s2 += T::WN)
     if (s2 != s) softmax_merge<T, true>(acc, sm, part + (size_t)s2 * (T::DI + 1) * T::HOLDERS + T::slot(), T::HOLDERS);
