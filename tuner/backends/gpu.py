@@ -125,7 +125,9 @@ def launch_dependent(func: Any, l: Launch, args: tuple, stream: Any) -> None:
     (``griddepcontrol.wait``). CuPy's kernel calls take no launch attributes, hence the driver API;
     the arguments are the chain's: CuPy arrays (their device pointers) and the u32 epoch."""
     handle = getattr(func, "kernel", func).ptr  # a RawModule's RawKernel holds the loaded Function
-    _dependent(handle, l, stream.ptr, tuple(_pointer(a) is not None for a in args))(args)
+    pointers = [_pointer(a) for a in args]
+    _dependent(handle, l, stream.ptr, tuple(p is not None for p in pointers))(
+        [int(a) if p is None else p for p, a in zip(pointers, args)])
 
 
 def _pointer(a: Any) -> int | None:
@@ -160,10 +162,10 @@ class _DependentLaunch:
         self.block = (ctypes.c_void_p * len(self.slots))(*(ctypes.addressof(s) for s in self.slots))
         self.block_address = ctypes.addressof(self.block)
 
-    def __call__(self, args: tuple) -> None:
-        for slot, a in zip(self.slots, args):
-            p = _pointer(a)
-            slot.value = p if p is not None else int(a)
+    def __call__(self, values: Sequence[int]) -> None:
+        """Launch with these argument values (device pointers and the epoch, as integers)."""
+        for slot, v in zip(self.slots, values):
+            slot.value = v
         err, = self.cu.cuLaunchKernelEx(self.cfg, self.function, self.block_address, 0)
         if err != self.cu.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuLaunchKernelEx({self.name}): {self.cu.cuGetErrorString(err)[1]}")
