@@ -20,7 +20,7 @@ from statistics import median
 from typing import Any
 
 from .config import Config
-from .report import best_pytorch, over_stream, ratio_text
+from .report import best_pytorch, over_stream, ratio_text, us_text
 from .study import FINAL_PER_KIND, SYNC_KINDS, finalists, kind_of, run_study, study_name
 from . import UsageError
 from .workloads import Chain, get_workload
@@ -223,11 +223,10 @@ def table(summary: dict[str, Any]) -> str:
     lines = ["  ".join(head)]
     for r in summary["rows"]:
         tuned = r["tuned_us"]
-        f = lambda v: "-" if v is None else f"{v:.1f}"
         others = {**r["baselines_us"], **r.get("compared_us", {})}
         vs = [f"{others[n] / tuned:.2f}" if n in others else "-" for n in names]
-        lines.append("  ".join([",".join(f"{k}={v}" for k, v in r.get("size", {"tokens": r["tokens"]}).items()), f(r["floor_us"]), f(r["stream_us"]), f(r.get("pdl_us")), f(r["tile_us"]), f(tuned),
-                                *(f(others.get(n)) for n in names), f"{tuned / r['floor_us']:.2f}", *vs,
+        lines.append("  ".join([",".join(f"{k}={v}" for k, v in r.get("size", {"tokens": r["tokens"]}).items()), us_text(r["floor_us"]), us_text(r["stream_us"]), us_text(r.get("pdl_us")), us_text(r["tile_us"]), us_text(tuned),
+                                *(us_text(others.get(n)) for n in names), f"{tuned / r['floor_us']:.2f}", *vs,
                                 ratio_text(over_stream(r, "pdl")), ratio_text(over_stream(r, "tile"))]))
     return "\n".join(lines)
 

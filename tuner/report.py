@@ -97,6 +97,11 @@ def ratio_text(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def us_text(v: float | None) -> str:
+    """A time in µs for a table; "-" where there is none."""
+    return "-" if v is None else f"{v:.1f}"
+
+
 def _best_baseline(row: dict[str, Any]) -> tuple[str, float] | None:
     base = row.get("baselines_us") or {}
     return min(base.items(), key=lambda kv: kv[1]) if base else None
@@ -179,18 +184,16 @@ def write_report(workload: str, paths: Sequence[Path] | None = None, out_dir: Pa
         for r in s.rows:
             b = _best_baseline(r)
             tvs, pvs = ratio_text(over_stream(r, "tile")), ratio_text(over_stream(r, "pdl"))
-            pdl = "-" if r.get("pdl_us") is None else f"{r['pdl_us']:.1f}"
             src = Path(s.sources[r["label"]])
             try:
                 src = src.relative_to(home())
             except ValueError:
                 pass
             tuned = r["tuned_us"]
-            stream = "-" if r.get("stream_us") is None else f"{r['stream_us']:.1f}"
             best = "-" if b is None else f"{b[1]:.1f} ({b[0]})"
             ratio = "-" if b is None else f"{b[1] / tuned:.2f}"
-            lines.append(f"| {r['size'][wl.sweep_param]} | {tuned:.1f} ({r.get('tuned')}) | {stream} | {pdl} | {best} | "
-                         f"{ratio} | {r['floor_us']:.1f} | {pvs} | {tvs} | `{src}`{' (in CUDA graphs)' if r['graphs'] else ''} |")
+            lines.append(f"| {r['size'][wl.sweep_param]} | {tuned:.1f} ({r.get('tuned')}) | {us_text(r.get('stream_us'))} | "
+                         f"{us_text(r.get('pdl_us'))} | {best} | {ratio} | {r['floor_us']:.1f} | {pvs} | {tvs} | `{src}`{' (in CUDA graphs)' if r['graphs'] else ''} |")
         lines.append("")
     lines += network_lines(wl.name, paths)
     page = out_dir / f"{wl.name}.md"
