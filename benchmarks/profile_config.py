@@ -16,47 +16,51 @@ since the first runs are the check and the warm-up.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.backends.gpu import GpuBackend  # noqa: E402
-from tuner.config import Config  # noqa: E402
-from tuner.workloads import chain_from_label  # noqa: E402
+from tuner.backends.gpu import GpuBackend, Runner  # noqa: E402
+from tuner.backends.replay import Record, ReplayError, read_recording  # noqa: E402
+from tuner.workloads import Chain, chain_from_label  # noqa: E402
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def target_arguments(ap: argparse.ArgumentParser) -> None:
+    """The arguments that name a recorded config: RECORDING, --label, --rank."""
     ap.add_argument("recording", help="a *.measurements.json file")
     ap.add_argument("--label", required=True, help="text the record's label contains")
     ap.add_argument("--rank", type=int, default=0, help="0: the fastest recorded config, 1: the next, ...")
-    ap.add_argument("--runs", type=int, default=50, help="timed runs after 20 of warm-up (default 50)")
-    args = ap.parse_args()
-    records = json.loads(Path(args.recording).read_text())["records"]
-    found = sorted((r for r in records if args.label in r["label"] and r["measurement"].get("ok")),
-                   key=lambda r: r["measurement"]["median_us"])
-    labels = sorted({r["label"] for r in found})
-    if len(labels) != 1:
-        raise SystemExit(f"--label {args.label!r} matches {len(labels)} labels of measured records"
-                         + (f": {', '.join(labels[:5])}{' ...' if len(labels) > 5 else ''}" if labels else "")
-                         + "; accepted: text that names one")
-    if args.rank >= len(found):
-        raise SystemExit(f"--rank {args.rank}: {labels[0]} has {len(found)} measured configs")
-    rec = found[args.rank]
-    chain, config = chain_from_label(rec["label"]), Config.from_dict(rec["config"])
+
+
+def load_target(args: argparse.Namespace, device_epoch: bool = False) -> tuple[Record, Chain, Runner, float]:
+    """The record the arguments name, its chain, and its config loaded on the GPU and checked
+    against the float32 reference (with its error); exits with one line where any of it fails."""
+    try:
+        rec = read_recording(args.recording).pick(args.label, args.rank)
+    except ReplayError as exc:
+        raise SystemExit(str(exc)) from None
+    chain, config = chain_from_label(rec.label), rec.config
     backend = GpuBackend()
-    runner, m = backend.load(chain, config)
+    runner, m = backend.load(chain, config, device_epoch=device_epoch)
     if runner is None:
         raise SystemExit(f"{config.short()}: {m.reason}: {m.message}")
     err, why = backend.verify(chain, runner)
     if why:
         raise SystemExit(f"{config.short()}: {why} (error {err:.2e})")
+    return rec, chain, runner, err
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    target_arguments(ap)
+    ap.add_argument("--runs", type=int, default=50, help="timed runs after 20 of warm-up (default 50)")
+    args = ap.parse_args()
+    rec, _, runner, err = load_target(args)
     times = runner.time(20, args.runs)
-    print(f"{rec['label']}: {config.short()}, error {err:.1e}; median {median(times):.2f} us here, "
-          f"{rec['measurement']['median_us']:.2f} us recorded (rank {args.rank} of {len(found)})")
+    print(f"{rec.label}: {rec.config.short()}, error {err:.1e}; median {median(times):.2f} us here, "
+          f"{rec.measurement.median_us:.2f} us recorded (rank {args.rank})")
     return 0
 
 

@@ -3,6 +3,9 @@ rounds pick, and the table."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from tuner import bench
 from tuner.backends.base import DeviceInfo
@@ -133,3 +136,28 @@ def test_network_sizes_cover_every_layer_at_every_batch():
               {"height": 28, "width": 28, "channels": 256, "depth": 4},
               {"height": 14, "width": 14, "channels": 512, "depth": 4}]
     assert sizes == [{"batch": b, **layer} for b in (1, 4) for layer in layers]
+
+
+def test_a_baseline_over_several_input_sets_takes_them_in_turn():
+    """Our chains rotate over input sets so that none is read from L2; the baselines rotate over
+    the same sets, call after call, warm-up included."""
+    from tuner.baselines import rotating
+
+    seen: list[int] = []
+    call = rotating([lambda i=i: seen.append(i) for i in range(3)])
+    for _ in range(7):
+        call()
+    assert seen == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_a_recorded_config_is_picked_by_label_text_and_rank():
+    """The profiling scripts pick a recorded config by text of its label and its rank by median."""
+    from tuner.backends.replay import ReplayError, read_recording
+
+    rec = read_recording(Path(__file__).parents[1] / "studies" / "llama-attn-decode.measurements.json")
+    first, second = rec.pick("llama-attn/tokens=1,"), rec.pick("llama-attn/tokens=1,", 1)
+    assert first.label == second.label and first.measurement.median_us <= second.measurement.median_us
+    with pytest.raises(ReplayError, match="matches 8 labels"):
+        rec.pick("llama-attn")
+    with pytest.raises(ReplayError, match="rank 9999"):
+        rec.pick("llama-attn/tokens=1,", 9999)

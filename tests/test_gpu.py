@@ -239,7 +239,7 @@ def test_bench_times_graphs_of_our_chains_and_of_cupy(backend):
     chain = get_workload("resnet38").chain(batch=1)
     cfgs = [c for c in coverage(chain) if c.policy == "tile"][:2]
     p = backend.problem(chain)
-    got = backend.time_rounds(chain, cfgs, 2, extra=baseline_timers(chain, p.xs[0], p.ws[0], graphs=True),
+    got = backend.time_rounds(chain, cfgs, 2, extra=baseline_timers(chain, list(zip(p.xs, p.ws)), graphs=True),
                               graphs=True)
     assert all(isinstance(got[c], list) and len(got[c]) == 2 for c in cfgs), got
 

@@ -4,14 +4,16 @@
 - PyTorch, where installed (not a dependency): eager, captured in a CUDA graph, and, where
   cuBLASLt has the epilogue built in (GELU, ``torch._addmm_activation``), captured in that form;
   each epilogue's forms come from :mod:`tuner.epilogues`;
+- every baseline's calls rotate over the input sets our chains rotate over (several when one
+  set fits in L2), so both read their weights from memory, as a layer of a real model does;
 - the floor: the chain's fewest bytes over the measured read bandwidth, or its FLOPs over the
   measured fp16 GEMM rate, whichever is larger.
 """
 from __future__ import annotations
 
-import math
+import itertools
 from statistics import median
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .epilogues import get_epilogue
 from .stages import kind_of
@@ -158,39 +160,49 @@ def time_torch(fn: Callable[[], Any], warmup: int = 5, reps: int = 30) -> list[f
     return [a.elapsed_time(b) * 1000.0 for a, b in evs]
 
 
-def cupy_graph(fn: Callable[[], Any]) -> Callable[[int, int], list[float]] | None:
-    """``fn`` (CuPy work) captured in a CUDA graph, as ``timer(warmup, reps)``; None where the
-    capture is refused (an allocation the memory pool cannot serve while capturing, say)."""
+def rotating(fns: Sequence[Callable[[], Any]]) -> Callable[[], Any]:
+    """One callable that runs ``fns`` in turn, call after call: a baseline over several input sets."""
+    turn = itertools.cycle(fns)
+    return lambda: next(turn)()
+
+
+def cupy_graph(fns: Sequence[Callable[[], Any]]) -> Callable[[int, int], list[float]] | None:
+    """Each of ``fns`` (CuPy work, one per input set) captured in a CUDA graph, replayed in turn,
+    as ``timer(warmup, reps)``; None where a capture is refused (an allocation the memory pool
+    cannot serve while capturing, say)."""
     import cupy as cp
 
     stream = cp.cuda.Stream(non_blocking=True)
+    graphs = []
     try:
         with stream:
-            fn()  # warm: the pool holds the sizes, cuBLAS its handle
-            stream.synchronize()
-            stream.begin_capture()
-            try:
-                fn()
-            finally:
-                graph = stream.end_capture()
+            for fn in fns:
+                fn()  # warm: the pool holds the sizes, cuBLAS its handle
+                stream.synchronize()
+                stream.begin_capture()
+                try:
+                    fn()
+                finally:
+                    graphs.append(stream.end_capture())
     except Exception:  # noqa: BLE001 - the variant is just absent
         return None
-    return lambda w, r: time_events(lambda: graph.launch(stream), w, r, stream=stream)
+    replay = rotating([lambda g=g: g.launch(stream) for g in graphs])
+    return lambda w, r: time_events(replay, w, r, stream=stream)
 
 
-def baseline_timers(chain: Chain, x, ws, graphs: bool = False) -> dict[str, Callable[[int, int], list[float]]]:
+def baseline_timers(chain: Chain, sets: Sequence[tuple[Any, Sequence[Any]]], graphs: bool = False
+                    ) -> dict[str, Callable[[int, int], list[float]]]:
     """Every baseline available here, by name, as ``timer(warmup, reps) -> per-call µs``; with
-    ``graphs`` also the CuPy chain captured in a CUDA graph (PyTorch's graph variants are always in)."""
-    cupy_fn = cupy_chain(chain, x, ws)
-    out: dict[str, Callable[[int, int], list[float]]] = {"cupy cublas": lambda w, r: time_events(cupy_fn, w, r)}
-    if graphs and (timer := cupy_graph(cupy_fn)) is not None:
+    ``graphs`` also the CuPy chain captured in a CUDA graph (PyTorch's graph variants are always in).
+    ``sets``: the input sets ``(x, weights)`` our chains rotate over; each baseline's calls rotate
+    over the same sets, so that no baseline reads from L2 what our chains read from memory."""
+    cupy_fns = [cupy_chain(chain, x, ws) for x, ws in sets]
+    out: dict[str, Callable[[int, int], list[float]]] = {
+        "cupy cublas": lambda w, r: time_events(rotating(cupy_fns), w, r)}
+    if graphs and (timer := cupy_graph(cupy_fns)) is not None:
         out["cupy cublas graph"] = timer
-    for name, fn in torch_chains(chain, x, ws).items():
-        out[name] = lambda w, r, fn=fn: time_torch(fn, w, r)
+    per_set = [torch_chains(chain, x, ws) for x, ws in sets]
+    for name in per_set[0]:
+        if all(name in fns for fns in per_set):
+            out[name] = lambda w, r, fns=[f[name] for f in per_set]: time_torch(rotating(fns), w, r)
     return out
-
-
-def measure_baselines(chain: Chain, x, ws, warmup: int = 5, reps: int = 30) -> dict[str, float]:
-    """Median µs of every baseline available here, by name."""
-    out = {name: median(timer(warmup, reps)) for name, timer in baseline_timers(chain, x, ws).items()}
-    return {k: round(v, 3) for k, v in out.items() if not math.isnan(v)}

@@ -83,7 +83,7 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
                 if cfg not in contestants.values():
                     contestants[f"{Path(path).name} {kind_of(cfg)}"] = cfg
         p = gpu.problem(ch)
-        extra = baseline_timers(ch, p.xs[0], p.ws[0], graphs=graphs)
+        extra = baseline_timers(ch, list(zip(p.xs, p.ws)), graphs=graphs)
         got = gpu.time_rounds(ch, list(contestants.values()), ROUNDS, extra=extra, graphs=graphs)
         rounds: dict[str, list[float]] = {}
         for name, cfg in contestants.items():

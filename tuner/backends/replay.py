@@ -50,6 +50,20 @@ class Recording:
     command: str = ""
     synthetic: bool = False
 
+    def pick(self, text: str, rank: int = 0) -> Record:
+        """The measured record ranked ``rank`` by median (0: the fastest) among those whose label
+        contains ``text``, which must name one label."""
+        found = sorted((r for r in self.records if text in r.label and r.measurement.ok),
+                       key=lambda r: r.measurement.median_us)
+        labels = sorted({r.label for r in found})
+        if len(labels) != 1:
+            shown = f": {', '.join(labels[:5])}{' ...' if len(labels) > 5 else ''}" if labels else ""
+            raise ReplayError(f"{text!r} matches {len(labels)} labels of measured records in {self.path}{shown}; "
+                              "accepted: text that names one")
+        if rank >= len(found):
+            raise ReplayError(f"rank {rank}: {labels[0]} has {len(found)} measured configs")
+        return found[rank]
+
 
 def _record_dict(r: Record | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(r, Record):
