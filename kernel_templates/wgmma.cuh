@@ -58,6 +58,19 @@ __device__ __forceinline__ void load_slab_sw(unsigned char* s, const V& v, int r
   }
 }
 
+// One ring slot's MMAs: the instruction's 64-row operand at `a` and its N operand at `b`, each a
+// column of swizzle atoms `a_atom` / `b_atom` bytes apart along K.
+template <class T>
+__device__ __forceinline__ void wgmma_slot(float (&acc)[T::NI][4], u32 a, u32 a_atom, u32 b, u32 b_atom) {
+  wgmma_fence();
+#pragma unroll
+  for (int atom = 0; atom < T::ATOMS; ++atom)
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)  // 16 halves = 32 bytes per k-step inside the atom
+      wgmma_k16(acc, wgmma_desc(a + atom * a_atom + kk * 32), wgmma_desc(b + atom * b_atom + kk * 32));
+  wgmma_commit();
+}
+
 // Same contract as mainloop() in gemm.cuh. The ring prefetches STAGES-2 chunks ahead, so
 // the slot being refilled was read by MMAs two iterations back, which wgmma_wait<1> retired.
 template <class T, class AOp, class Wait>
@@ -98,13 +111,7 @@ __device__ __forceinline__ void mainloop_wg(float (&acc)[T::MI][T::NI][4], const
     issue(it + T::STAGES - 2);
     const u32 a = smem_u32(sA + (it % T::STAGES) * T::A_BYTES) + a_off;
     const u32 b = smem_u32(sB + (it % T::STAGES) * T::B_BYTES) + b_off;
-    wgmma_fence();
-#pragma unroll
-    for (int atom = 0; atom < T::ATOMS; ++atom)
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)  // 16 halves = 32 bytes per k-step inside the atom
-        wgmma_k16(acc[0], wgmma_desc(a + atom * T::BM * 128 + kk * 32), wgmma_desc(b + atom * T::BN * 128 + kk * 32));
-    wgmma_commit();
+    wgmma_slot<T>(acc[0], a, T::BM * 128, b, T::BN * 128);
     wgmma_wait<1>();
   }
   wgmma_wait<0>();
@@ -215,6 +222,7 @@ __device__ __forceinline__ void cluster_sync() {
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int A_ROWS_, int CM_, int CN_>
 struct TileTMA : TileWG<BM_, BN_, BK_, WM_, WN_, STAGES_> {
   using Base = TileWG<BM_, BN_, BK_, WM_, WN_, STAGES_>;
+  static constexpr bool TRANS = false;
   static constexpr int A_ROWS = A_ROWS_;
   static constexpr int CM = CM_, CN = CN_, CLUSTER = CM_ * CN_;
   static constexpr int MMA_THREADS = Base::THREADS;
@@ -222,6 +230,32 @@ struct TileTMA : TileWG<BM_, BN_, BK_, WM_, WN_, STAGES_> {
   static constexpr int TX_BYTES = (A_ROWS + BN_) * BK_ * 2;
   static constexpr int SMEM_BYTES = Base::SMEM_BYTES + 2 * STAGES_ * 8;  // + full and empty mbarriers
   static_assert(A_ROWS % 8 == 0 && A_ROWS <= BM_, "whole 8-row swizzle groups of A");
+  static_assert(CLUSTER >= 1 && CLUSTER <= 8, "a portable cluster has at most 8 blocks");
+};
+
+// The same TMA-fed tile computed transposed: the weights (B) on the instruction's 64-row side,
+// warpgroup w taking columns 64w.. of the tile, and all BM rows of A (tokens) as the instruction's
+// N (m64nBMk16), so that a tile of few rows is not padded to 64 and BM need not be a multiple of
+// 64 (two tiles of 160 cover M = 320). The same ring, copies and barriers as TileTMA. Fragment j
+// of a thread holds tile rows 8j + 2 (lane % 4) + {0, 1} at columns 64w + 16 (warp % 4) + lane / 4
+// + {0, 8}; the template's transposed epilogue parks them in shared memory to store whole rows.
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int A_ROWS_, int CM_, int CN_>
+struct TileTMAT {
+  static constexpr bool TRANS = true;
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
+  static constexpr int MMA_THREADS = WN * 128;
+  static constexpr int THREADS = MMA_THREADS + 32;  // + the producer warp
+  static constexpr int MI = 1, NI = BM / 8;
+  static constexpr int ATOMS = BK / 64;
+  static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
+  static constexpr int A_ROWS = A_ROWS_;
+  static constexpr int CM = CM_, CN = CN_, CLUSTER = CM_ * CN_;
+  static constexpr int TX_BYTES = (A_ROWS + BN_) * BK_ * 2;
+  static_assert(WM == 1 && BN == 64 * WN, "a warpgroup computes 64 columns of a transposed tile");
+  static_assert(BM % 8 == 0 && BM >= 8 && BM <= 256, "the tile's rows are wgmma's N: a multiple of 8 up to 256");
+  static_assert(BK % 64 == 0, "BK is a whole number of 128-byte swizzle atoms");
+  static_assert(STAGES >= 3, "one ring slot stays under the MMAs in flight");
+  static_assert(A_ROWS % 8 == 0 && A_ROWS <= BM, "whole 8-row swizzle groups of A");
   static_assert(CLUSTER >= 1 && CLUSTER <= 8, "a portable cluster has at most 8 blocks");
 };
 
@@ -297,20 +331,14 @@ __device__ __forceinline__ void mainloop_tma(float (&acc)[T::MI][T::NI][4], cons
     }
   } else {
     const int wg = threadIdx.x / 128;
-    const u32 a_off = (wg / T::WN) * 64 * 128, b_off = (wg % T::WN) * T::WGN * 128;
     for (int it = 0; it < nk; ++it) {
       const int slot = it % T::STAGES;
       mbar_wait(full + slot * 8, (it / T::STAGES) & 1, err);
-      const u32 a = sA + slot * T::A_BYTES + a_off;
-      const u32 b = sB + slot * T::B_BYTES + b_off;
-      wgmma_fence();
-#pragma unroll
-      for (int atom = 0; atom < T::ATOMS; ++atom)
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          wgmma_k16(acc[0], wgmma_desc(a + atom * T::BM * 128 + kk * 32),
-                    wgmma_desc(b + atom * T::BN * 128 + kk * 32));
-      wgmma_commit();
+      const u32 a = sA + slot * T::A_BYTES, b = sB + slot * T::B_BYTES;
+      if constexpr (T::TRANS)  // this warpgroup's 64 rows of B, all rows of A
+        wgmma_slot<T>(acc[0], b + wg * 64 * 128, T::BN * 128, a, T::BM * 128);
+      else
+        wgmma_slot<T>(acc[0], a + (wg / T::WN) * 64 * 128, T::BM * 128, b + (wg % T::WN) * T::WGN * 128, T::BN * 128);
       wgmma_wait<1>();  // the MMAs of iteration it-1 have retired: their slot goes back to the producers
       if (it > 0) {  // one arrival per warp and block: lane r arrives in the block of rank r
         const u32 bar = empty + ((it - 1) % T::STAGES) * 8, lane = threadIdx.x % 32;

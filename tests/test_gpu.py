@@ -32,7 +32,7 @@ ODD = dict(tokens=1000, hidden=1032, ffn=776)
 MLP_CASES = [("gpt3", ODD), ("gpt3", dict(tokens=1)), ("gpt3", dict(tokens=64)), ("gpt3", dict(tokens=1000)),
              ("gpt3", dict(tokens=2048)), ("llama", dict(tokens=100, hidden=1032, ffn=776))]
 CLUSTER_SIZES = [ODD, dict(tokens=64), dict(tokens=256)]
-MMAS = ["sync", "wgmma", "wgmma_tma"]
+MMAS = ["sync", "wgmma", "wgmma_tma", "wgmma_tma_t"]
 
 
 @pytest.mark.parametrize("workload,size", MLP_CASES,
@@ -268,7 +268,7 @@ ATTN_CASES = [("gpt3-attn", dict(tokens=1)), ("gpt3-attn", dict(tokens=4)), ("gp
               ("gpt3-attn", dict(tokens=512, cache=0)), ("gpt3-attn", dict(tokens=1000, cache=0)),
               ("llama-attn", dict(tokens=1)), ("llama-attn", dict(tokens=16, cache=2048)),
               ("llama-attn", dict(tokens=3, cache=1500)), ("llama-attn", dict(tokens=1024, cache=0))]
-ATTN_MMAS = ["sync", "wgmma"]  # of the projections: the attention tile itself is mma.sync
+ATTN_MMAS = ["sync", "wgmma", "wgmma_tma_t"]  # of the projections: the attention tile itself is mma.sync
 
 
 @pytest.mark.parametrize("workload,size", ATTN_CASES,

@@ -27,7 +27,7 @@ TINY = {
 TINY_DEVICE = DeviceInfo("tiny", smem_per_block=48 * 1024)
 # The same, mixing mma.sync and wgmma tilings.
 TINY_WG = {**TINY, "stage": {"bm": [16, 64], "bn": [64, 256], "bk": [32, 64], "wm": [1], "wn": [1, 2],
-                             "stages": [2, 3], "split_k": [1, 3], "mma": ["sync", "wgmma", "wgmma_tma"]},
+                             "stages": [2, 3], "split_k": [1, 3], "mma": ["sync", "wgmma", "wgmma_tma", "wgmma_tma_t"]},
            "limits": {"max_threads": 256, "max_tile_regs": 128}}
 WG_DEVICE = DeviceInfo("tiny hopper", smem_per_block=100 * 1024)
 
@@ -41,12 +41,24 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
                        max_cluster: int = 8) -> bool:
     """The constraints restated from their definitions, independently of the solver."""
     for st, t in zip(chain.stages, cfg.tiles):
-        if t.cm * t.cn > 1 and (t.mma != "wgmma_tma" or t.cm * t.cn > max_cluster or -(-st.m // t.bm) % t.cm
+        if t.cm * t.cn > 1 and (t.mma not in ("wgmma_tma", "wgmma_tma_t") or t.cm * t.cn > max_cluster or -(-st.m // t.bm) % t.cm
                                 or -(-st.n // t.bn) % t.cn or cfg.dispatch != "block" or cfg.launch == "fused"):
             return False
         kc = -(-st.k // t.bk)
         m_cap = max(16, 1 << (st.m - 1).bit_length())
         n_cap = max(64, 1 << (st.n - 1).bit_length())
+        if t.mma == "wgmma_tma_t":
+            # transposed: warpgroups of 64 columns in one row, all BM rows (8..256, in 8s) as the
+            # instruction's N, the fp32 tile parked in the ring for the epilogue
+            threads = 128 * t.wn + 32
+            if (t.wm != 1 or t.bn != 64 * t.wn or t.bm % 8 or t.bm > 256 or t.bk % 64 or t.stages < 3
+                    or t.bm * (t.bn + 4) * 4 > t.stages * (t.bm + t.bn) * 2 * t.bk
+                    or threads > max_threads or t.bm // 2 > max_regs
+                    or t.bm // 2 + 56 > 65536 // (-(-threads // 128) * 128)
+                    or t.stages * (t.bm + t.bn) * 2 * t.bk + 1024 + 16 * t.stages > dev.smem_per_block
+                    or t.bm > max(8, -(-st.m // 8) * 8) or t.bn > n_cap or t.split_k > kc):
+                return False
+            continue
         if t.mma in ("wgmma", "wgmma_tma"):
             # warpgroups of 128 threads, 64 rows each, 8..256 columns each, whole 64-wide K atoms, >= 3 slots
             wgn = t.bn // t.wn
@@ -241,11 +253,28 @@ def test_shipped_spaces_are_feasible_at_both_ends_of_the_sweep():
 
 
 def test_one_token_allows_only_the_shortest_tiles():
-    """16 rows for mma.sync warps; a warpgroup's least is 64."""
+    """16 rows for mma.sync warps; a warpgroup's least is 64; a transposed tile's, 8."""
     space = load_space(home() / "search_spaces" / "gpt3.toml")
     fs = space.feasible(get_workload("gpt3").chain(tokens=1), H200)
-    assert fs.domains()["gemm1.bm"] == [16, 64]
-    assert all(t.bm == (64 if t.mma != "sync" else 16) for i in range(0, fs.size, 9973) for t in fs.unrank(i).tiles)
+    assert fs.domains()["gemm1.bm"] == [8, 16, 64]
+    least = {"sync": 16, "wgmma": 64, "wgmma_tma": 64, "wgmma_tma_t": 8}
+    tiles = [t for i in range(0, fs.size, 9973) for t in fs.unrank(i).tiles]
+    assert all(t.bm == least[t.mma] for t in tiles) and {t.mma for t in tiles} == set(least)
+
+
+def test_a_transposed_tile_is_as_tall_as_m_needs_in_eights():
+    """320 tokens cut into two tiles of 160 only when the tile is transposed (wgmma's N side);
+    its warpgroups take 64 columns each, and its fp32 tile must fit in the ring."""
+    space = load_space(home() / "search_spaces" / "llama.toml")
+    fs = space.feasible(get_workload("llama").chain(tokens=320), H200)
+    assert fs.contains(Config((StageTiles(160, 128, 64, 1, 2, 4, 1, "wgmma_tma_t"),) * 2, "stream", "col", "block",
+                              "serial")) is None
+    assert "not 64 rows per warpgroup" in fs.contains(
+        Config((StageTiles(160, 128, 64, 2, 1, 4, 1, "wgmma_tma"),) * 2, "stream", "col", "block", "serial"))
+    assert "64 columns per warpgroup" in fs.contains(
+        Config((StageTiles(160, 192, 64, 1, 2, 4, 1, "wgmma_tma_t"),) * 2, "stream", "col", "block", "serial"))
+    assert "does not fit in the" in fs.contains(
+        Config((StageTiles(256, 256, 64, 1, 4, 3, 1, "wgmma_tma_t"),) * 2, "stream", "col", "block", "serial"))
 
 
 def test_empty_set_says_which_constraint_emptied_it():

@@ -9,7 +9,8 @@ from itertools import product
 
 from dataclasses import replace
 
-from .config import Config, StageTiles
+from .config import Config, StageGrid, StageTiles
+from .stages import kind_of
 from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, launch_allowed
 from .workloads import Chain
 
@@ -23,14 +24,17 @@ def combos() -> list[tuple[str, str, str, str]]:
 def tiles_for(chain: Chain, split: tuple[int, int] = (1, 1), mma: str = "sync") -> tuple[StageTiles, ...]:
     """A reasonable tiling for the chain's M: short tiles at small M; the first stage gets
     ``split[0]``, every later one ``split[1]``. A convolution's chunk holds one tap, so its BK
-    is 32 on mma.sync (channels are a multiple of 32 in the tests) and 64 on wgmma. An attention
+    is 32 on mma.sync (channels are a multiple of 32 in the tests) and 64 on wgmma. A transposed
+    tile (``wgmma_tma_t``) is as tall as M needs, in 8s, up to 64. An attention
     stage's tile is one head of 16 queries (64 past 64 tokens) on mma.sync, whatever ``mma``."""
     m = chain.stages[0].m
     n = len(chain.stages)
     splits = (split[0], *([split[1]] * (n - 1)))
     gemms = [st for st in chain.stages if st.kind != "attention"]
     bn = 64 if min(st.n for st in gemms) <= 64 else 128  # no wider than the narrowest stage needs
-    if mma != "sync":
+    if mma == "wgmma_tma_t":  # rows are the instruction's N: as few as M needs, in 8s, up to 64
+        out = [StageTiles(min(64, -(-m // 8) * 8), bn, 64, 1, bn // 64, 4, s, mma) for s in splits]
+    elif mma != "sync":
         wm = 1 if m <= 64 else 2
         out = [StageTiles(64 * wm, bn, 64, wm, 1, 4, s, mma) for s in splits]
     elif m <= 16 and not any(st.kind == "conv" for st in chain.stages):
@@ -56,6 +60,10 @@ def coverage(chain: Chain, mma: str = "sync") -> list[Config]:
             warps = max(t.warps for t in tiles)
             tiles = tuple(replace(t, wn=warps // t.wm) if st.kind == "attention" else t
                           for st, t in zip(chain.stages, tiles))
+            # A TMA stage's producer warp makes an odd count, which no attention tile splits.
+            if len({t.threads for t in tiles}) > 1 or any(
+                    kind_of(st).tiling_problem(StageGrid(st, t)) for st, t in zip(chain.stages, tiles)):
+                continue
         out.append(Config(tiles, p, o, d, l))
     return out
 

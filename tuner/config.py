@@ -60,7 +60,7 @@ class Config:
 
     def short(self) -> str:
         """A compact one-line description for tables and logs."""
-        t = " | ".join(f"{x.bm}x{x.bn}x{x.bk} {dict(wgmma='g', wgmma_tma='t').get(x.mma, 'w')}{x.wm}x{x.wn} s{x.stages}"
+        t = " | ".join(f"{x.bm}x{x.bn}x{x.bk} {dict(wgmma='g', wgmma_tma='t', wgmma_tma_t='T').get(x.mma, 'w')}{x.wm}x{x.wn} s{x.stages}"
                        + (f" k{x.split_k}" if x.split_k > 1 else "")
                        + (f" c{x.cm}x{x.cn}" if x.cluster > 1 else "") for x in self.tiles)
         return f"{self.policy}/{self.launch}/{self.order}-{self.dispatch} [{t}]"

@@ -18,7 +18,7 @@ from .tiling import StageGrid, StageTiles
 SMEM_PER_SM = 228 * 1024  # bytes; each block also reserves 1 KiB
 REGS_PER_SM = 65536
 LATENCY_S = 2.0e-6  # DRAM round trip under load: bytes in flight per block / this caps its read rate
-RATES = {"sync": 300e12, "wgmma": 650e12, "wgmma_tma": 650e12}  # fp16 tensor-core FLOP/s each instruction reaches (H200, measured)
+RATES = {"sync": 300e12, "wgmma": 650e12, "wgmma_tma": 650e12, "wgmma_tma_t": 650e12}  # fp16 tensor-core FLOP/s each instruction reaches (H200, measured)
 BANDWIDTH = 3.8e12  # B/s, what a 300 MB weight read reaches on the H200 (measured)
 FIT_FILE = Path(__file__).with_name("cost_fit.json")  # written by benchmarks/fit_cost_model.py
 
@@ -26,7 +26,7 @@ FIT_FILE = Path(__file__).with_name("cost_fit.json")  # written by benchmarks/fi
 def registers(t: StageTiles) -> int:
     """Estimated registers per thread: the accumulators plus a fixed overhead."""
     if t.warpgroup:
-        return (t.bn // t.wn) // 2 + 56
+        return t.wgmma_n // 2 + 56
     wtm, wtn = t.bm // t.wm, t.bn // t.wn
     return wtm * wtn // 32 + (wtm // 16) * 4 + (wtn // 8) * 2 + 40
 
@@ -49,7 +49,7 @@ def stage_seconds(g: StageGrid, device: DeviceInfo, bandwidth: float = BANDWIDTH
         return math.inf
     slots = device.sms * occ
     bytes_block, flops_block, slot = kind.block_work(g)
-    in_flight = max(1, t.stages - {"sync": 1, "wgmma": 2, "wgmma_tma": 1}[t.mma]) * slot
+    in_flight = max(1, t.stages - {"sync": 1, "wgmma": 2, "wgmma_tma": 1, "wgmma_tma_t": 1}[t.mma]) * slot
     per_sm_rate = RATES[t.mma] / device.sms
     total, left = 0.0, g.blocks
     while left > 0:
@@ -76,7 +76,10 @@ def features(g: StageGrid, device: DeviceInfo, estimate: float | None = None) ->
         "log_waves": math.log(waves), "wave_tail": math.ceil(waves) - waves, "log_split_k": math.log(t.split_k),
         "stages": float(t.stages), "log_bm": math.log(t.bm), "log_bn": math.log(t.bn), "log_bk": math.log(t.bk),
         "log_threads": math.log(t.threads), "log_chunks_per_split": math.log(g.ks), "log_occupancy": math.log(occ),
-        "clustered": float(t.cluster > 1), **{f"mma_{m}": float(t.mma == m) for m in RATES},
+        # A transposed tile is the same TMA-fed instruction: it shares that feature, and has its own
+        # for what the transposition changes (weight 0 until a fit has seen one).
+        "clustered": float(t.cluster > 1), **{f"mma_{m}": float(t.mma == m) for m in ("sync", "wgmma")},
+        "mma_wgmma_tma": float(t.tma), "transposed": float(t.transposed),
         "conv": float(kind is conv), "attention": attn,
         "attention_log_wn": attn * math.log(t.wn), "attention_log_chunks_per_split": attn * math.log(g.ks),
     }

@@ -172,6 +172,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
         entry = dict(index=i, name=st.name, M=st.m, N=st.n, K=st.k, NOUT=st.n_out, epilogue=st.epilogue,
                      **order_env(g), KS=g.ks, KC=g.kc, blocks=g.blocks, threads=tl.threads,
                      BM=tl.bm, BN=tl.bn, BK=tl.bk, WM=tl.wm, WN=tl.wn, STAGES=tl.stages, MMA=tl.mma, CLUSTER=tl.cluster,
+                     TMA=tl.tma, TRANSPOSED=tl.transposed,
                      A_ROWS=a_rows(st.m, tl.bm), OW=tl.bn // st.fold, epi=get_epilogue(st.epilogue),
                      a_arg=kind_of(st).a_arg(st),
                      order_m=order.m.c, order_n=order.n.c, order_s=order.s.c,
@@ -185,7 +186,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
             ws += tl.split_k * g.mt * g.nt * kind_of(st).partial_floats(g)  # a tile's partial result per split
             entry["arrive_base"] = words.take(g.mt * g.nt)  # arrivals of a tile's splits
             entry["written_base"] = words.take(g.mt * g.nt)  # posts of the splits whose partials are stored
-        if tl.mma == "wgmma_tma":
+        if tl.tma:
             a_name = "x" if st.a_from is None else f"y{st.a_from}"
             # The kernel addresses descriptors in u64 words: 16 per 128-byte descriptor.
             entry["tma_a"], entry["tma_b"] = 16 * len(maps), 16 * (len(maps) + 1)
@@ -202,7 +203,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
             env = pair_env(grids[i - 1], grids[i])
             base = words.take(regions[0].sems(env))
             stages[i - 1]["post"] = dict(env=env, sem_base=base, sem=regions[0].post_sem.c,
-                                         tma_consumer=config.tiles[i].mma == "wgmma_tma")
+                                         tma_consumer=config.tiles[i].tma)
             waits = [dict(when=pol.wait_when.c, lo=pol.wait_row_lo.c, hi=pol.wait_row_hi.c, col_lo=pol.wait_col_lo.c,
                           col_hi=pol.wait_col_hi.c, sem=pol.wait_sem.c, count=pol.wait_count.c) for pol in regions]
             read = {n for pol in regions for e in (pol.wait_when, pol.wait_row_lo, pol.wait_row_hi, pol.wait_col_lo,
@@ -224,7 +225,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
         label=chain.label, config_short=config.short(), stages=stages, launch=config.launch, device_epoch=device_epoch,
         dispatch=config.dispatch, fault=fault, err_word=err_word, fused_ticket=fused_ticket,
         total_blocks=total_blocks, threads=threads,
-        headers=_headers({t.bn // t.wn for t in config.tiles if t.warpgroup},
+        headers=_headers({t.wgmma_n for t in config.tiles if t.warpgroup},
                          list(dict.fromkeys(h for st in chain.stages if (h := kind_of(st).HEADER)))))
     if config.launch == "fused":
         launches: tuple[Launch, ...] = (Launch("fused_kernel", total_blocks, threads, max(map(_smem, grids)), 0),)

@@ -190,16 +190,26 @@ WG_OVERHEAD_REGS = 56  # registers a warpgroup kernel needs besides its accumula
 def warp_tile(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
     """mma.sync: each warp computes whole 16x16 fragments. wgmma: each warpgroup computes 64 rows
     and a multiple of 8 columns up to 256, over whole 64-wide swizzle atoms of K, with a ring of
-    at least three slots (one stays under the MMAs in flight)."""
+    at least three slots (one stays under the MMAs in flight). Transposed (``wgmma_tma_t``): each
+    warpgroup computes 64 columns and all BM rows, a multiple of 8 up to 256, and the epilogue
+    parks the fp32 tile in the ring."""
     t = g.tiles
     if t.warpgroup:
         if dev.arch not in WGMMA_ARCHS:
             return f"wgmma needs a Hopper GPU ({' or '.join(WGMMA_ARCHS)}), not {dev.arch}"
-        wgn = t.bn // t.wn
-        if t.bm != 64 * t.wm:
-            return f"BM={t.bm} is not 64 rows per warpgroup for {t.wm} warpgroups along M"
-        if t.bn % t.wn or wgn % 8 or wgn > 256:
-            return f"BN={t.bn} over {t.wn} warpgroups is not a multiple of 8 up to 256 columns each"
+        if t.transposed:
+            if t.wm != 1 or t.bn != 64 * t.wn:
+                return f"a transposed {t.bm}x{t.bn} tile is not 64 columns per warpgroup for 1x{t.wn} warpgroups"
+            if t.bm % 8 or t.bm > 256:
+                return f"BM={t.bm} of a transposed tile is not a multiple of 8 up to 256 rows"
+            if t.transposed_out_bytes() > t.ring_bytes():
+                return f"the fp32 {t.bm}x{t.bn} tile does not fit in the {t.ring_bytes()}-byte ring for its epilogue"
+        else:
+            wgn = t.bn // t.wn
+            if t.bm != 64 * t.wm:
+                return f"BM={t.bm} is not 64 rows per warpgroup for {t.wm} warpgroups along M"
+            if t.bn % t.wn or wgn % 8 or wgn > 256:
+                return f"BN={t.bn} over {t.wn} warpgroups is not a multiple of 8 up to 256 columns each"
         if t.bk % 64:
             return f"BK={t.bk} is not a whole number of 64-wide swizzle atoms"
         if t.stages < 3:
@@ -224,7 +234,7 @@ def accumulators(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
     compile test holds this bound to the compiler's report)."""
     t = g.tiles
     if t.warpgroup:
-        regs = 64 * (t.bn // t.wn) // 128
+        regs = 64 * t.wgmma_n // 128
         # ptxas hands out registers per warpgroup, so a producer warp costs a whole warpgroup's share.
         budget = 65536 // (-(-t.threads // 128) * 128) // 8 * 8
         if regs + WG_OVERHEAD_REGS > budget:
@@ -247,8 +257,10 @@ def shared_memory(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
 
 
 def tile_height(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
-    """A tile taller than the next power of two of M only computes padding (wgmma's least is 64)."""
-    cap = max(64 if g.tiles.warpgroup else 16, next_pow2(g.stage.m))
+    """A tile taller than M rounded up to a power of two (to 8 rows for a transposed tile) only
+    computes padding (wgmma's least is 64 rows, transposed 8)."""
+    t, m = g.tiles, g.stage.m
+    cap = max(8, -(-m // 8) * 8) if t.transposed else max(64 if t.warpgroup else 16, next_pow2(m))
     if g.tiles.bm > cap:
         return f"BM={g.tiles.bm} is taller than needed for M={g.stage.m} (at most {cap})"
     return None
@@ -270,12 +282,12 @@ def split_k(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
 
 
 def cluster(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
-    """Clusters multicast TMA copies (Hopper, ``wgmma_tma``); their blocks compute a whole
-    cluster tile, so the tile grid must divide into cluster tiles."""
+    """Clusters multicast TMA copies (Hopper, ``wgmma_tma``, ``wgmma_tma_t``); their blocks compute a
+    whole cluster tile, so the tile grid must divide into cluster tiles."""
     t = g.tiles
     if t.cluster == 1:
         return None
-    if t.mma != "wgmma_tma":
+    if not t.tma:
         return f"a {t.cm}x{t.cn} cluster multicasts TMA copies; mma={t.mma} has none"
     cap = min(lim.max_cluster, HW_MAX_CLUSTER)
     if t.cluster > cap:

@@ -21,9 +21,13 @@ class Shaped(Protocol):
 TILE_FIELDS = ("bm", "bn", "bk", "wm", "wn", "stages", "split_k", "mma", "cm", "cn")
 # Tile fields that name a choice rather than count something, with their accepted values.
 # "sync": mma.sync warps (any sm_80+); "wgmma": Hopper warpgroup MMAs from swizzled shared memory
-# filled by cp.async; "wgmma_tma": the same MMAs, shared memory filled by the Tensor Memory Accelerator.
-TILE_CHOICES: dict[str, tuple[str, ...]] = {"mma": ("sync", "wgmma", "wgmma_tma")}
-WARPGROUP_MMAS = ("wgmma", "wgmma_tma")
+# filled by cp.async; "wgmma_tma": the same MMAs, shared memory filled by the Tensor Memory Accelerator;
+# "wgmma_tma_t": the TMA-fed tile computed transposed, the weights on the instruction's 64-row side and
+# the tile's BM rows (tokens) as its N, a multiple of 8 up to 256: few tokens no longer pad to 64,
+# and M = 320 cuts into two tiles of 160.
+TILE_CHOICES: dict[str, tuple[str, ...]] = {"mma": ("sync", "wgmma", "wgmma_tma", "wgmma_tma_t")}
+WARPGROUP_MMAS = ("wgmma", "wgmma_tma", "wgmma_tma_t")
+TMA_MMAS = ("wgmma_tma", "wgmma_tma_t")
 TILE_DEFAULTS: dict[str, Any] = {"split_k": 1, "mma": "sync", "cm": 1, "cn": 1}  # what records made before a field existed mean
 
 
@@ -70,9 +74,25 @@ class StageTiles:
         return self.mma in WARPGROUP_MMAS
 
     @property
+    def tma(self) -> bool:
+        """Whether the Tensor Memory Accelerator fills the ring (a producer warp issues the copies)."""
+        return self.mma in TMA_MMAS
+
+    @property
+    def transposed(self) -> bool:
+        """Whether the tile is computed transposed (``wgmma_tma_t``): each warpgroup holds 64 of its
+        BN columns for all BM rows."""
+        return self.mma == "wgmma_tma_t"
+
+    @property
+    def wgmma_n(self) -> int:
+        """The N of the tile's wgmma instruction: columns per warpgroup, or, transposed, the rows."""
+        return self.bm if self.transposed else self.bn // self.wn
+
+    @property
     def warps(self) -> int:
-        """Warps per block; the TMA variant adds one producer warp that only issues copies."""
-        return self.wm * self.wn * (4 if self.warpgroup else 1) + (self.mma == "wgmma_tma")
+        """Warps per block; the TMA variants add one producer warp that only issues copies."""
+        return self.wm * self.wn * (4 if self.warpgroup else 1) + self.tma
 
     @property
     def threads(self) -> int:
@@ -87,8 +107,13 @@ class StageTiles:
         """Shared memory of a block: the ring, plus for wgmma 1 KiB of alignment slack and, when the
         TMA fills the ring, two 8-byte mbarriers (full, empty) per slot."""
         if self.warpgroup:
-            return self.ring_bytes() + 1024 + (16 * self.stages if self.mma == "wgmma_tma" else 0)
+            return self.ring_bytes() + 1024 + (16 * self.stages if self.tma else 0)
         return self.ring_bytes()
+
+    def transposed_out_bytes(self) -> int:
+        """A transposed tile's fp32 accumulators parked in the ring for its epilogue: BM rows of BN
+        columns, each row padded by 4 floats so that a warp's stores fall on distinct banks."""
+        return self.bm * (self.bn + 4) * 4
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ def tiling_problem(grid: "StageGrid") -> str | None:
     t, st = grid.tiles, grid.stage
     if st.c_in % t.bk:
         return f"a K chunk must hold one tap: {st.c_in} input channels are not a multiple of BK={t.bk}"
-    if t.mma == "wgmma_tma":
+    if t.tma:
         return "the gathered A operand is loaded by cp.async; the TMA copies plain matrices"
     return None
 
