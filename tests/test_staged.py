@@ -2,6 +2,7 @@
 covers every sync choice the space holds."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from tuner.backends.base import DeviceInfo
@@ -36,6 +37,14 @@ def test_the_three_fastest_go_on_plus_the_fastest_unclustered_when_all_three_are
     assert st._top_tilings(1) == [a, b, c, plain]
     st.alone[1] = {c: 3.0, a: 1.0, plain: 2.0}
     assert st._top_tilings(1) == [a, plain, c]
+
+
+def test_the_probe_shares_24_shapes_per_stage_among_the_mma_instructions():
+    """Four instructions (the transposed TMA tile is the fourth) get six shapes each, so the stage
+    pass keeps its share of the budget."""
+    probe = staged(256).propose(400)
+    per = Counter((p.stage, p.tiles.mma) for p in probe)
+    assert len(per) == 8 and set(per.values()) == {6}
 
 
 def test_cluster_variants_of_the_fastest_tilings_are_the_feasible_cluster_shapes():

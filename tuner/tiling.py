@@ -48,8 +48,9 @@ class StageTiles:
     and thread-block cluster.
 
     With a warpgroup MMA (``wgmma``, ``wgmma_tma``), ``wm`` x ``wn`` counts warpgroups (four warps
-    each, 64 rows apiece). ``cm`` x ``cn`` blocks computing neighbouring tiles form one cluster
-    (``wgmma_tma`` only): each A slab is fetched once and multicast to the ``cn`` blocks that read
+    each, 64 rows apiece); transposed (``wgmma_tma_t``), one row of ``wn`` warpgroups of 64
+    columns each. ``cm`` x ``cn`` blocks computing neighbouring tiles form one cluster (TMA-fed
+    tiles only): each A slab is fetched once and multicast to the ``cn`` blocks that read
     it, each B slab to the ``cm`` blocks, which cuts the traffic from L2."""
 
     bm: int

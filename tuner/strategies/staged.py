@@ -4,7 +4,8 @@
    same thing alone, like VGG's four convolutions, once for all), over the feasible
    tilings ranked first by the cost model, corrected by its fit to recorded stage timings
    (:func:`tuner.model.rank_seconds`). No model ranks tile shapes well enough to skip timing
-   them, so every shape gets a turn: first a probe of the best few shapes of every MMA instruction,
+   them, so every shape gets a turn: first a probe of the best few shapes of every MMA instruction
+   (8 each, fewer where four instructions share the probe's 24),
    then more shapes of the instructions whose probe came within :data:`LIVE_KIND` of the
    best, each shape with its two best pipeline/split variants, then the fastest tilings again
    in thread-block clusters. A stage dominates the chain's time and its best tiling barely
@@ -36,7 +37,10 @@ from .base import Outcome, Proposal, SearchContext, Strategy, opening, stage_con
 
 STAGE_SHARE = 0.5  # of the budget, for the stage pass (all stages together)
 CHAIN_SHARE = 0.3  # for the chain pass; refinement gets the rest
-PROBE = 8  # model-best shapes per MMA instruction in the probe
+PROBE = 8  # model-best shapes per MMA instruction in the probe, at most
+PROBE_SHAPES = 24  # per stage, shared among its MMA instructions: a fourth instruction (the
+# transposed TMA tile) took the stage pass past its share, and the chain pass of llama at 320
+# tokens got 13 of 100 trials
 PER_SHAPE = 2  # pipeline/split variants per tile shape, the model's best
 LIVE_KIND = 1.10  # an instruction whose probe's best is within this of the best probe gets more shapes
 TOP_PER_STAGE = 3  # fastest tilings per stage that the chain pass pairs
@@ -104,9 +108,10 @@ class Staged(Strategy):
         for j in range(self.n):
             by_kind: dict[str, list[StageTiles]] = {}
             shapes: set[tuple] = set()
+            per_kind = min(PROBE, max(2, PROBE_SHAPES // max(1, len({g.tiles.mma for g in self.ranked[j]}))))
             for g in self.ranked[j]:
                 t = g.tiles
-                if t.cluster == 1 and _shape(t) not in shapes and len(by_kind.setdefault(t.mma, [])) < PROBE:
+                if t.cluster == 1 and _shape(t) not in shapes and len(by_kind.setdefault(t.mma, [])) < per_kind:
                     shapes.add(_shape(t))
                     by_kind[t.mma].append(t)
             kinds.append(by_kind)
