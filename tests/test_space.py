@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+from functools import lru_cache
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,6 +31,11 @@ TINY_WG = {**TINY, "stage": {"bm": [16, 64], "bn": [64, 256], "bk": [32, 64], "w
                              "stages": [2, 3], "split_k": [1, 3], "mma": ["sync", "wgmma", "wgmma_tma", "wgmma_tma_t"]},
            "limits": {"max_threads": 256, "max_tile_regs": 128}}
 WG_DEVICE = DeviceInfo("tiny hopper", smem_per_block=100 * 1024)
+
+
+@lru_cache(maxsize=None)  # one enumeration per shipped space and size: the tests only read it
+def shipped(name: str, tokens: int):
+    return load_space(home() / "search_spaces" / f"{name}.toml").feasible(get_workload(name).chain(tokens=tokens), H200)
 
 
 def tiny_chain():
@@ -244,18 +250,16 @@ def test_restricted_set_keeps_only_feasible_listed_configs(tiny):
 
 def test_shipped_spaces_are_feasible_at_both_ends_of_the_sweep():
     for name in ("gpt3", "llama"):
-        space = load_space(home() / "search_spaces" / f"{name}.toml")
         wl = get_workload(name)
         for tokens in (wl.sweep[0], wl.sweep[-1]):
-            fs = space.feasible(wl.chain(tokens=tokens), H200)
+            fs = shipped(name, tokens)
             assert fs.size > 1000
             assert all(fs.contains(b) is None for b in fs.baselines())
 
 
 def test_one_token_allows_only_the_shortest_tiles():
     """16 rows for mma.sync warps; a warpgroup's least is 64; a transposed tile's, 8."""
-    space = load_space(home() / "search_spaces" / "gpt3.toml")
-    fs = space.feasible(get_workload("gpt3").chain(tokens=1), H200)
+    fs = shipped("gpt3", 1)
     assert fs.domains()["gemm1.bm"] == [8, 16, 64]
     least = {"sync": 16, "wgmma": 64, "wgmma_tma": 64, "wgmma_tma_t": 8}
     tiles = [t for i in range(0, fs.size, 9973) for t in fs.unrank(i).tiles]
@@ -265,8 +269,7 @@ def test_one_token_allows_only_the_shortest_tiles():
 def test_a_transposed_tile_is_as_tall_as_m_needs_in_eights():
     """320 tokens cut into two tiles of 160 only when the tile is transposed (wgmma's N side);
     its warpgroups take 64 columns each, and its fp32 tile must fit in the ring."""
-    space = load_space(home() / "search_spaces" / "llama.toml")
-    fs = space.feasible(get_workload("llama").chain(tokens=320), H200)
+    fs = shipped("llama", 320)
     assert fs.contains(Config((StageTiles(160, 128, 64, 1, 2, 4, 1, "wgmma_tma_t"),) * 2, "stream", "col", "block",
                               "serial")) is None
     assert "not 64 rows per warpgroup" in fs.contains(
@@ -376,7 +379,7 @@ def test_space_and_checker_agree_on_every_shipped_sync_choice(name, tokens):
     from tuner.checker import check
 
     chain = get_workload(name).chain(tokens=tokens)
-    fs = load_space(home() / "search_spaces" / f"{name}.toml").feasible(chain, H200)
+    fs = shipped(name, tokens)
     rng = np.random.default_rng(7)
     live = [c for c in fs.combos if _has(fs, c)]
     assert {c[0] for c in live} == {"stream", "tile", "row"}
@@ -398,8 +401,7 @@ def _has(fs, combo) -> bool:
 def test_a_folding_epilogue_narrows_the_producer_tile_for_the_tile_policy():
     """SwiGLU stores half its accumulator columns: a 64-wide gate/up tile writes 32 columns of
     the down projection's input, which a 64-deep K chunk of the consumer overruns."""
-    chain = get_workload("llama").chain(tokens=320)
-    fs = load_space(home() / "search_spaces" / "llama.toml").feasible(chain, H200)
+    fs = shipped("llama", 320)
     t = StageTiles(64, 64, 64, 1, 1, 4, 1, "wgmma_tma")
     why = fs.contains(Config((t, t), "tile", "row", "block", "two_stream"))
     assert why is not None and "policy_requires" in why and "BN=32 stored columns" in why, why

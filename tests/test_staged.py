@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from functools import lru_cache
 
 from tuner.backends.base import DeviceInfo
 from tuner.checker import check
@@ -17,6 +18,7 @@ from tuner.workloads import get_workload
 H200 = DeviceInfo("NVIDIA H200")
 
 
+@lru_cache(maxsize=None)  # one enumeration of the space per size: the strategy only reads it
 def feasible(tokens: int):
     chain = get_workload("gpt3").chain(tokens=tokens)
     return chain, load_space(home() / "search_spaces" / "gpt3.toml").feasible(chain, H200)
