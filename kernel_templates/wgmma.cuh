@@ -216,21 +216,28 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-// A_ROWS: rows of A each stage requests, fewer than BM when the whole matrix has fewer rows
-// (rows past it only feed outputs that are never stored, and a box far past the edge is slow).
-// CM x CN: the cluster of blocks sharing copies; rank r computes tile (r % CM, r / CM) of it.
-template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int A_ROWS_, int CM_, int CN_>
-struct TileTMA : TileWG<BM_, BN_, BK_, WM_, WN_, STAGES_> {
-  using Base = TileWG<BM_, BN_, BK_, WM_, WN_, STAGES_>;
-  static constexpr bool TRANS = false;
+// What the TMA feed adds to a tile, whichever way its MMAs run. A_ROWS: rows of A each stage
+// requests, fewer than BM when the whole matrix has fewer rows (rows past it only feed outputs
+// that are never stored, and a box far past the edge is slow). CM x CN: the cluster of blocks
+// sharing copies; rank r computes tile (r % CM, r / CM) of it.
+template <int BM_, int BN_, int BK_, int A_ROWS_, int CM_, int CN_, int MMA_THREADS_>
+struct TmaFeed {
   static constexpr int A_ROWS = A_ROWS_;
   static constexpr int CM = CM_, CN = CN_, CLUSTER = CM_ * CN_;
-  static constexpr int MMA_THREADS = Base::THREADS;
+  static constexpr int MMA_THREADS = MMA_THREADS_;
   static constexpr int THREADS = MMA_THREADS + 32;  // + one producer warp that only issues copies
   static constexpr int TX_BYTES = (A_ROWS + BN_) * BK_ * 2;
-  static constexpr int SMEM_BYTES = Base::SMEM_BYTES + 2 * STAGES_ * 8;  // + full and empty mbarriers
   static_assert(A_ROWS % 8 == 0 && A_ROWS <= BM_, "whole 8-row swizzle groups of A");
   static_assert(CLUSTER >= 1 && CLUSTER <= 8, "a portable cluster has at most 8 blocks");
+};
+
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int A_ROWS_, int CM_, int CN_>
+struct TileTMA : TileWG<BM_, BN_, BK_, WM_, WN_, STAGES_>, TmaFeed<BM_, BN_, BK_, A_ROWS_, CM_, CN_, WM_ * WN_ * 128> {
+  using Feed = TmaFeed<BM_, BN_, BK_, A_ROWS_, CM_, CN_, WM_ * WN_ * 128>;
+  static constexpr bool TRANS = false;
+  using Feed::MMA_THREADS;  // the feed's thread counts, not the cp.async tile's
+  using Feed::THREADS;
+  static constexpr int SMEM_BYTES = TileWG<BM_, BN_, BK_, WM_, WN_, STAGES_>::SMEM_BYTES + 2 * STAGES_ * 8;  // + full and empty mbarriers
 };
 
 // The same TMA-fed tile computed transposed: the weights (B) on the instruction's 64-row side,
@@ -240,23 +247,16 @@ struct TileTMA : TileWG<BM_, BN_, BK_, WM_, WN_, STAGES_> {
 // of a thread holds tile rows 8j + 2 (lane % 4) + {0, 1} at columns 64w + 16 (warp % 4) + lane / 4
 // + {0, 8}; the template's transposed epilogue parks them in shared memory to store whole rows.
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int A_ROWS_, int CM_, int CN_>
-struct TileTMAT {
+struct TileTMAT : TmaFeed<BM_, BN_, BK_, A_ROWS_, CM_, CN_, WN_ * 128> {
   static constexpr bool TRANS = true;
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
-  static constexpr int MMA_THREADS = WN * 128;
-  static constexpr int THREADS = MMA_THREADS + 32;  // + the producer warp
   static constexpr int MI = 1, NI = BM / 8;
   static constexpr int ATOMS = BK / 64;
   static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
-  static constexpr int A_ROWS = A_ROWS_;
-  static constexpr int CM = CM_, CN = CN_, CLUSTER = CM_ * CN_;
-  static constexpr int TX_BYTES = (A_ROWS + BN_) * BK_ * 2;
   static_assert(WM == 1 && BN == 64 * WN, "a warpgroup computes 64 columns of a transposed tile");
   static_assert(BM % 8 == 0 && BM >= 8 && BM <= 256, "the tile's rows are wgmma's N: a multiple of 8 up to 256");
   static_assert(BK % 64 == 0, "BK is a whole number of 128-byte swizzle atoms");
   static_assert(STAGES >= 3, "one ring slot stays under the MMAs in flight");
-  static_assert(A_ROWS % 8 == 0 && A_ROWS <= BM, "whole 8-row swizzle groups of A");
-  static_assert(CLUSTER >= 1 && CLUSTER <= 8, "a portable cluster has at most 8 blocks");
 };
 
 // Same contract as mainloop_wg(), warp-specialized: the last warp's first lane issues every

@@ -111,10 +111,15 @@ class StageTiles:
             return self.ring_bytes() + 1024 + (16 * self.stages if self.tma else 0)
         return self.ring_bytes()
 
+    @property
+    def transposed_pitch(self) -> int:
+        """Floats per row of a transposed tile parked for its epilogue: BN, padded by 4 so that a
+        warp's stores (8 rows two apart, 8 columns) fall on 32 distinct banks."""
+        return self.bn + 4
+
     def transposed_out_bytes(self) -> int:
-        """A transposed tile's fp32 accumulators parked in the ring for its epilogue: BM rows of BN
-        columns, each row padded by 4 floats so that a warp's stores fall on distinct banks."""
-        return self.bm * (self.bn + 4) * 4
+        """A transposed tile's fp32 accumulators parked in the ring for its epilogue: BM rows."""
+        return self.bm * self.transposed_pitch * 4
 
 
 @dataclass(frozen=True)
