@@ -3,6 +3,7 @@ rounds pick, and the table."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,59 @@ def test_a_recorded_config_is_picked_by_label_text_and_rank():
         rec.pick("llama-attn")
     with pytest.raises(ReplayError, match="rank 9999"):
         rec.pick("llama-attn/tokens=1,", 9999)
+
+
+def test_an_ablation_times_each_kind_s_leader_with_every_other_allowed_value_of_a_global_choice():
+    # The shipped spaces leave the prefetch out; an ablation times it all the same.
+    from tuner.cases import coverage
+
+    decode = get_workload("llama-attn").chain(tokens=1)
+    cfgs = coverage(decode)
+    lead = {"stream": next(c for c in cfgs if c.launch == "serial" and c.prefetch == "none"),
+            "tile": next(c for c in cfgs if c.launch == "fused" and c.prefetch == "none")}
+    got = bench.ablations({**lead, "tile#2": cfgs[-1]}, ["prefetch"], decode, H200)
+    assert got == {f"{k} prefetch=l2": replace(c, prefetch="l2") for k, c in lead.items()}
+    # The GPT-3 MLP's second GEMM does not fit half of L2; a tile policy runs in no stream-ordered
+    # launch, and fused needs ticket dispatch: only what the constraints allow is timed.
+    assert bench.ablations({"stream": STREAM}, ["prefetch"], CHAIN64, H200) == {}
+    assert bench.ablations({"tile": TILE}, ["launch"], CHAIN64, H200) == {}
+    assert bench.ablations({"tile": TILE}, ["dispatch"], CHAIN64, H200) == {
+        "tile dispatch=ticket": replace(TILE, dispatch="ticket")}
+
+
+def test_each_stage_alone_is_timed_again_with_its_fastest_tilings_against_the_library(tmp_path, monkeypatch):
+    """A study replayed from the GPT-3 recording holds the stage pass; the stage rounds time its
+    fastest tilings of each stage with that stage's baselines."""
+    from tuner import baselines
+    from tuner.backends.replay import ReplayBackend
+    from tuner.paths import home
+    from tuner.space import load_space
+    from tuner.study import run_study
+
+    chain = get_workload("gpt3").chain(tokens=256)
+    rec = home() / "studies" / "gpt3-graphs-256.measurements.json"
+    replay = ReplayBackend([rec])
+    storage = f"sqlite:///{tmp_path}/s.db"
+    run_study(chain, load_space(home() / "search_spaces" / "gpt3.toml"), replay, storage, trials=40, final=False,
+              log=lambda *_: None)
+
+    class Gpu:
+        timed: list = []
+
+        def problem(self, ch):
+            return type("P", (), {"xs": [0], "ws": [[0]]})()
+
+        def time_rounds(self, ch, cfgs, rounds, extra, graphs):
+            self.timed.append((ch.label, cfgs, sorted(extra)))
+            return {**{c: [10.0 + i] * rounds for i, c in enumerate(cfgs)}, **{k: [11.0] * rounds for k in extra}}
+
+    monkeypatch.setattr(baselines, "baseline_timers", lambda ch, sets, graphs: {"cupy cublas": None})
+    gpu = Gpu()
+    rows = bench.stage_rounds(gpu, chain, storage, replay.device_info(), True, log=lambda *_: None)
+    assert [r["stage"] for r in rows] == ["gemm1", "gemm2"] and [t[0] for t in gpu.timed] == [
+        chain.alone(0).label, chain.alone(1).label]
+    for r, (_, cfgs, names) in zip(rows, gpu.timed):
+        assert 1 <= len(cfgs) <= bench.STAGE_FINALISTS and all(len(c.tiles) == 1 for c in cfgs)
+        assert r["ours_us"] == 10.0 and r["config"] == cfgs[0].short() and r["baselines_us"] == {"cupy cublas": 11.0}
+    text = bench.stages_table({"rows": [{"label": chain.label, "stages_alone": rows}]})
+    assert "gpt3.gemm1  256x6144x12288  gelu" in text.splitlines()[1] and "(cupy cublas)  1.10" in text.splitlines()[1]

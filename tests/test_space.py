@@ -22,7 +22,7 @@ TINY = {
     "stage": {"bm": [16, 32], "bn": [64, 96, 256], "bk": [32, 64], "wm": [1, 2], "wn": [1, 2], "stages": [2],
               "split_k": [1, 3]},
     "global": {"policy": ["stream", "tile", "row"], "order": ["row"], "dispatch": ["block", "ticket"],
-               "launch": ["serial", "two_stream", "fused"]},
+               "launch": ["serial", "two_stream", "fused"], "prefetch": ["none", "l2"]},
     "limits": {"max_threads": 64, "max_tile_regs": 128},
 }
 TINY_DEVICE = DeviceInfo("tiny", smem_per_block=48 * 1024)
@@ -88,6 +88,10 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
     if cfg.launch == "fused" and (cfg.dispatch != "ticket" or cfg.tiles[0].threads != cfg.tiles[1].threads):
         return False
     if cfg.policy == "tile" and cfg.tiles[0].bn % cfg.tiles[1].bk:
+        return False
+    # an L2 prefetch of the second stage's weights: bulk copies need Hopper, and half of L2 at most
+    if cfg.prefetch == "l2" and (dev.arch not in ("sm_90", "sm_90a")
+                                 or chain.stages[1].n * chain.stages[1].k * 2 > dev.l2_bytes // 2):
         return False
     return True
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -40,9 +41,70 @@ def timed_configs(storage: str, chain: Chain, device) -> list[tuple[float, Confi
             if t.user_attrs.get("measured") and (c := trial_config(t, len(chain.stages))) is not None]
 
 
+def ablations(contestants: dict[str, Config], fields: list[str], chain: Chain, device) -> dict[str, Config]:
+    """For the leading finalist of each kind, the same config with each other value of a global
+    ``field`` that the constraints and the checker allow (in the search space or not), named
+    ``"<kind> <field>=<value>"``: what that one choice is worth, timed in the same rounds."""
+    from .checker import check  # noqa: PLC0415
+    from .space import GLOBAL_CHOICES, combo_problem  # noqa: PLC0415
+
+    out: dict[str, Config] = {}
+    for kind in SYNC_KINDS:
+        cfg = contestants.get(kind)
+        for field in fields if cfg is not None else ():
+            for value in GLOBAL_CHOICES[field]:
+                other = replace(cfg, **{field: value})
+                if (value != getattr(cfg, field) and other not in contestants.values()
+                        and combo_problem(other.globals, chain, device) is None
+                        and check(chain, other, sms=device.sms) is None):
+                    out[f"{kind} {field}={value}"] = other
+    return out
+
+
+STAGE_FINALISTS = 3  # fastest tilings of each stage timed alone again against cuBLAS
+
+
+def stage_rounds(gpu, chain: Chain, storage: str, device, graphs: bool, log=print) -> list[dict[str, Any]]:
+    """Each stage alone: its fastest tilings of the stage pass timed again with the baselines of
+    that one stage (a cuBLAS GEMM with its epilogue, PyTorch's) in interleaved rounds. The GEMM
+    our chains are built from against the library kernel for the same shape and epilogue."""
+    import optuna  # noqa: PLC0415
+    from optuna.trial import TrialState  # noqa: PLC0415
+
+    from .baselines import baseline_timers  # noqa: PLC0415
+    from .trials import stage_study_name, trial_config  # noqa: PLC0415
+
+    out = []
+    for j, st in enumerate(chain.stages):
+        alone = chain.alone(j)
+        try:
+            study = optuna.load_study(study_name=stage_study_name(chain, j, device), storage=storage)
+        except KeyError:
+            log(f"{alone.label}: no stage timed alone (a strategy without a stage pass)")
+            continue
+        timed = sorted((t.value, c) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                       if t.user_attrs.get("measured") and (c := trial_config(t, 1)) is not None)
+        cfgs = list(dict.fromkeys(c for _, c in timed))[:STAGE_FINALISTS]
+        if not cfgs:
+            continue
+        p = gpu.problem(alone)
+        extra = baseline_timers(alone, list(zip(p.xs, p.ws)), graphs=graphs)
+        got = gpu.time_rounds(alone, cfgs, ROUNDS, extra=extra, graphs=graphs)
+        ours = {c: median(v) for c in cfgs if isinstance(v := got.get(c), list) and v}
+        best = min(ours, key=ours.get) if ours else None
+        row = {"stage": st.name, "shape": [st.m, st.n, st.k], "epilogue": st.epilogue,
+               "ours_us": round(ours[best], 3) if best else None, "config": best.short() if best else None,
+               "baselines_us": {k: round(median(v), 3) for k in extra if isinstance(v := got.get(k), list) and v}}
+        out.append(row)
+        log(f"{alone.label} alone: ours {row['ours_us']} µs ({row['config']}); "
+            + ", ".join(f"{k} {v:.1f}" for k, v in row["baselines_us"].items()))
+    return out
+
+
 def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path: Path, storage: str, *,
               strategy: str = "staged", trials: int | None = None, seed: int = 0,
-              compare: list[Path] = (), log=print, graphs: bool = False) -> dict[str, Any]:
+              compare: list[Path] = (), log=print, graphs: bool = False, ablate: list[str] = (),
+              stages: bool = False) -> dict[str, Any]:
     """Search, then time the finalists with every baseline, for every size; returns (and writes) the summary."""
     from .backends.gpu import GpuBackend
     from .backends.replay import write_recording
@@ -82,6 +144,7 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
             for cfg in picked_configs(path, ch.label):
                 if cfg not in contestants.values():
                     contestants[f"{Path(path).name} {kind_of(cfg)}"] = cfg
+        contestants.update(ablations(contestants, list(ablate), ch, dev))
         p = gpu.problem(ch)
         extra = baseline_timers(ch, list(zip(p.xs, p.ws)), graphs=graphs)
         got = gpu.time_rounds(ch, list(contestants.values()), ROUNDS, extra=extra, graphs=graphs)
@@ -114,6 +177,8 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
                "stream_config": found["stream"][1].to_dict() if "stream" in found else None,
                "pdl_config": found["pdl"][1].to_dict() if "pdl" in found else None,
                "tile_config": found["tile"][1].to_dict() if "tile" in found else None}
+        if stages:
+            row["stages_alone"] = stage_rounds(gpu, ch, storage, dev, graphs, log)
         rows.append(row)
         log(_row_text(row))
         # Written after every size, so an interrupted bench keeps what it measured.
@@ -125,6 +190,8 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
     if graphs:
         log("our chains and the CuPy chain timed inside CUDA graphs, as PyTorch's graph variants are")
     log(table(summary))
+    if any(r.get("stages_alone") for r in rows):
+        log(stages_table(summary))
     if summary.get("network"):
         log(network_table(summary["network"], get_workload(workload).sweep_param))
     return summary
@@ -231,6 +298,19 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def stages_table(summary: dict[str, Any]) -> str:
+    """Each stage alone against the library, as text: µs, and the library over ours (>1: we are faster)."""
+    lines = ["stage  M x N x K  epilogue  ours  " + "  ".join(["best library", "library / ours", "our tiling"])]
+    for r in summary["rows"]:
+        for s in r.get("stages_alone", []):
+            lib = min(s["baselines_us"].values()) if s["baselines_us"] else None
+            name = min(s["baselines_us"], key=s["baselines_us"].get) if lib else "-"
+            ratio = f"{lib / s['ours_us']:.2f}" if lib and s["ours_us"] else "-"
+            lines.append(f"{r['label'].split('/')[0]}.{s['stage']}  {'x'.join(map(str, s['shape']))}  {s['epilogue']}  "
+                         f"{us_text(s['ours_us'])}  {us_text(lib)} ({name})  {ratio}  {s['config']}")
+    return "\n".join(lines)
+
+
 def main(args) -> int:
     """CLI entry: ``bench WORKLOAD [size flags] [--trials N] [--out PATH]``."""
     from .backends.gpu import gpu_available
@@ -245,5 +325,6 @@ def main(args) -> int:
              else wl.requested_sizes(vars(args)))
     run_bench(args.workload, sizes, out, space, args.storage, strategy=args.strategy,
               trials=args.trials, seed=args.seed or 0, compare=list(args.compare or []),
-              graphs=getattr(args, "graphs", False))
+              graphs=getattr(args, "graphs", False), ablate=list(getattr(args, "ablate", None) or []),
+              stages=getattr(args, "stages", False))
     return 0

@@ -1,4 +1,5 @@
-"""Hand-picked configs that cover every policy x order x dispatch x launch mode.
+"""Hand-picked configs that cover every policy x order x dispatch x launch mode, and the L2
+prefetch under every launch mode where the chain allows it.
 
 Used by the GPU tests, the CPU compile test and ``bench`` (as the seed set before
 tuning); each is a valid point of the default search space for the chain it is made for.
@@ -10,6 +11,8 @@ from itertools import product
 from dataclasses import replace
 
 from .config import Config, StageGrid, StageTiles
+from .device import DeviceInfo
+from .prefetch import prefetch_allowed
 from .stages import kind_of
 from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, launch_allowed
 from .workloads import Chain
@@ -51,8 +54,10 @@ def tiles_for(chain: Chain, split: tuple[int, int] = (1, 1), mma: str = "sync") 
 
 
 def coverage(chain: Chain, mma: str = "sync") -> list[Config]:
-    """One config per allowed combination, alternating split-K and uneven M tiles across them."""
+    """One config per allowed combination, alternating split-K and uneven M tiles across them, and
+    the L2 prefetch (every other pair of combinations, so under every launch mode, where the chain's later inputs fit an H200's L2)."""
     out = []
+    prefetch = "l2" if prefetch_allowed("l2", chain, DeviceInfo("H200")) is None else "none"
     for i, (p, o, d, l) in enumerate(combos()):
         split = (2, 2) if i % 3 == 1 else (1, 1)
         tiles = tiles_for(chain, split, mma)
@@ -64,7 +69,7 @@ def coverage(chain: Chain, mma: str = "sync") -> list[Config]:
             if len({t.threads for t in tiles}) > 1 or any(
                     kind_of(st).tiling_problem(StageGrid(st, t)) for st, t in zip(chain.stages, tiles)):
                 continue
-        out.append(Config(tiles, p, o, d, l))
+        out.append(Config(tiles, p, o, d, l, prefetch if i // 2 % 2 else "none"))
     return out
 
 

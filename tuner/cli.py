@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
 from . import UsageError, __version__, shortlist
+from .config import GLOBAL_FIELDS
 from .store import DEFAULT_STORAGE, check_exists
 from .workloads import WORKLOADS, WorkloadError, flag, get_workload, size_flags
 
@@ -195,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "multiplicity-weighted whole-network figure")
     p.add_argument("--compare", type=Path, action="append", metavar="F",
                    help="a bench summary whose picks for each size join the final rounds (repeatable)")
+    p.add_argument("--stages", action="store_true",
+                   help="also time each stage alone (its 3 fastest tilings of the stage pass) against the "
+                        "cuBLAS and PyTorch kernels for the same shape and epilogue, in interleaved rounds")
+    p.add_argument("--ablate", action="append", metavar="FIELD", choices=GLOBAL_FIELDS,
+                   help="also time the leading finalist of each kind with every other allowed value of this "
+                        f"global choice ({', '.join(GLOBAL_FIELDS)}), in the space or not, in the same rounds "
+                        "(repeatable)")
     p.add_argument("--out", type=Path, metavar="PATH",
                    help="summary JSON (default: studies/<workload>.bench.json); the recording of every "
                         "measurement goes beside it as <name>.measurements.json")

@@ -12,7 +12,9 @@ from .tiling import (TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, WARPGROUP_MMAS, S
                      cdiv, tile_value)
 from .workloads import Chain
 
-GLOBAL_FIELDS = ("policy", "order", "dispatch", "launch")
+GLOBAL_FIELDS = ("policy", "order", "dispatch", "launch", "prefetch")
+# What a config recorded before a global field existed meant by it.
+GLOBAL_DEFAULTS = {"prefetch": "none"}
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class Config:
     order: str
     dispatch: str
     launch: str
+    prefetch: str = "none"  # see tuner.prefetch
 
     def params(self) -> dict[str, Any]:
         """Flat parameter dict, stage knobs prefixed by the stage name (``gemm1.bm``)."""
@@ -39,21 +42,24 @@ class Config:
     def from_params(cls, params: Mapping[str, Any], n_stages: int) -> "Config":
         tiles = tuple(StageTiles(**{f: tile_value(f, params.get(f"gemm{i + 1}.{f}", TILE_DEFAULTS.get(f)))
                                     for f in TILE_FIELDS}) for i in range(n_stages))
-        return cls(tiles, *(str(params[f]) for f in GLOBAL_FIELDS))
+        return cls(tiles, *(str(params.get(f, GLOBAL_DEFAULTS.get(f))) for f in GLOBAL_FIELDS))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tiles": [asdict(t) for t in self.tiles], **{f: getattr(self, f) for f in GLOBAL_FIELDS}}
+        """The config as JSON data; a global field at its default is left out, so a config
+        keeps the form (and the storage key) it had before the field existed."""
+        return {"tiles": [asdict(t) for t in self.tiles],
+                **{f: getattr(self, f) for f in GLOBAL_FIELDS if GLOBAL_DEFAULTS.get(f) != getattr(self, f)}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Config":
         names = {f.name for f in fields(StageTiles)}
         tiles = tuple(StageTiles(**{k: tile_value(k, v) for k, v in t.items() if k in names}) for t in d["tiles"])
-        return cls(tiles, *(str(d[f]) for f in GLOBAL_FIELDS))
+        return cls(tiles, *(str(d.get(f, GLOBAL_DEFAULTS.get(f))) for f in GLOBAL_FIELDS))
 
     @property
-    def globals(self) -> tuple[str, str, str, str]:
-        """The sync choice: (policy, order, dispatch, launch)."""
-        return (self.policy, self.order, self.dispatch, self.launch)
+    def globals(self) -> tuple[str, ...]:
+        """The chain-wide choices, in :data:`GLOBAL_FIELDS` order: (policy, order, dispatch, launch, prefetch)."""
+        return tuple(getattr(self, f) for f in GLOBAL_FIELDS)
 
     def grids(self, chain: Chain) -> tuple[StageGrid, ...]:
         return tuple(StageGrid(s, t) for s, t in zip(chain.stages, self.tiles))
@@ -63,4 +69,5 @@ class Config:
         t = " | ".join(f"{x.bm}x{x.bn}x{x.bk} {dict(wgmma='g', wgmma_tma='t', wgmma_tma_t='T').get(x.mma, 'w')}{x.wm}x{x.wn} s{x.stages}"
                        + (f" k{x.split_k}" if x.split_k > 1 else "")
                        + (f" c{x.cm}x{x.cn}" if x.cluster > 1 else "") for x in self.tiles)
-        return f"{self.policy}/{self.launch}/{self.order}-{self.dispatch} [{t}]"
+        pre = "" if self.prefetch == "none" else f"+{self.prefetch}"
+        return f"{self.policy}/{self.launch}/{self.order}-{self.dispatch}{pre} [{t}]"

@@ -14,7 +14,7 @@ from typing import Any
 
 from . import UsageError, __version__
 from .backends.base import FAIL_REASONS
-from .config import TILE_CHOICES, TILE_FIELDS, Config
+from .config import GLOBAL_DEFAULTS, GLOBAL_FIELDS, TILE_CHOICES, TILE_FIELDS, Config
 from .store import check_exists, open_optuna_storage
 from .study import summarize
 from .workloads import get_workload
@@ -105,7 +105,7 @@ def to_header(doc: dict[str, Any]) -> str:
     name = _cpp_name(wl.name)
     fields = ["  const char* device;"]
     fields += [f"  int {p};" for p in wl.params]
-    fields += ["  const char* policy;", "  const char* order;", "  const char* dispatch;", "  const char* launch;"]
+    fields += [f"  const char* {f};" for f in GLOBAL_FIELDS]
     fields += [f"  {'const char*' if f in TILE_CHOICES else 'int'} {f}[{n}];" for f in TILE_FIELDS]
     fields += ["  double median_us;", "  double baseline_us;  // 0 when no stream baseline was measured",
                "  double speedup;  // 0 when no stream baseline was measured",
@@ -114,7 +114,7 @@ def to_header(doc: dict[str, Any]) -> str:
     for r in rows:
         cfg = r["best"]["config"]
         vals = [json.dumps(r["device"])] + [str(r["size"].get(p, 0)) for p in wl.params]
-        vals += [json.dumps(cfg[k]) for k in ("policy", "order", "dispatch", "launch")]
+        vals += [json.dumps(cfg.get(k, GLOBAL_DEFAULTS.get(k))) for k in GLOBAL_FIELDS]
         vals += ["{" + ", ".join(json.dumps(t[f]) if f in TILE_CHOICES else str(t[f]) for t in cfg["tiles"]) + "}"
                  for f in TILE_FIELDS]
         vals += [_num(r["best"]["median_us"]), _num(r["baseline_us"]), _num(r["speedup"]),

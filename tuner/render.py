@@ -19,6 +19,7 @@ from .config import Config, StageGrid, StageTiles
 from .epilogues import get_epilogue
 from .stages import kind_of
 from .paths import templates_dir
+from .prefetch import prefetched_bytes
 from .sync import ORDERS, POLICIES, STREAM_ORDERED, order_env, pair_env, policy_for
 from .workloads import Chain
 
@@ -223,6 +224,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
     threads = max(g.tiles.threads for g in grids)
     source = _env().get_template("chain.cu.j2").render(
         label=chain.label, config_short=config.short(), stages=stages, launch=config.launch, device_epoch=device_epoch,
+        prefetch=dict(prefetched_bytes(chain)) if config.prefetch == "l2" else {},
         dispatch=config.dispatch, fault=fault, err_word=err_word, fused_ticket=fused_ticket,
         total_blocks=total_blocks, threads=threads,
         headers=_headers({t.wgmma_n for t in config.tiles if t.warpgroup},

@@ -29,6 +29,7 @@ from . import UsageError
 from .device import DeviceInfo
 from .config import GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
 from .expr import Expr
+from .prefetch import PREFETCHES, prefetch_allowed
 from .stages import kind_of
 from .sync import (DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, grid_env, launch_allowed, pair_env)
 from .tomlfile import did_you_mean, read_toml
@@ -52,7 +53,10 @@ GLOBAL_CHOICES: dict[str, tuple[str, ...]] = {
     "order": tuple(ORDERS),
     "dispatch": tuple(DISPATCHES),
     "launch": tuple(LAUNCHES),
+    "prefetch": PREFETCHES,
 }
+# A choice a space file must name to get: what a file that leaves the key out searches.
+OPT_IN: dict[str, tuple[str, ...]] = {"prefetch": ("none",)}
 TABLES = ("stage", "global", "limits")
 
 
@@ -74,7 +78,7 @@ class SearchSpace:
 
     stage: Mapping[str, tuple[Any, ...]]
     overrides: Mapping[str, Mapping[str, tuple[Any, ...]]] = field(default_factory=dict)
-    globals: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(GLOBAL_CHOICES))
+    globals: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: {**GLOBAL_CHOICES, **OPT_IN})
     limits: Limits = Limits()
     source: str = "<search space>"
 
@@ -152,7 +156,7 @@ def parse_space(data: Mapping[str, Any], source: str = "<search space>") -> Sear
         defaults = ", ".join(f"{k} to {v}" for k, v in TILE_DEFAULTS.items())
         raise SpaceError(f"{source}: [stage] lacks {', '.join(missing)}; it must list every one of "
                          f"{', '.join(TILE_FIELDS)} ({defaults} by default)")
-    globals_ = dict(GLOBAL_CHOICES)
+    globals_ = {**GLOBAL_CHOICES, **OPT_IN}
     for key, value in data.get("global", {}).items():
         if key not in GLOBAL_CHOICES:
             raise _unknown(key, f"global.{key}", tuple(GLOBAL_CHOICES), source)
@@ -323,6 +327,21 @@ def launch_mode(policy: str, order: str, dispatch: str, launch: str) -> str | No
     return launch_allowed(policy, launch, dispatch)
 
 
+def prefetch_fits(prefetch: str, chain: Chain, dev: DeviceInfo) -> str | None:
+    """The later stages' inputs fit the share of L2 a prefetch may fill (see :mod:`tuner.prefetch`)."""
+    return prefetch_allowed(prefetch, chain, dev)
+
+
+def combo_problem(combo: Sequence[str], chain: Chain, dev: DeviceInfo) -> tuple[str, str] | None:
+    """The constraint a global combination breaks on its own, with why, or None."""
+    policy, order, dispatch, launch, prefetch = combo
+    why = launch_mode(policy, order, dispatch, launch)
+    if why is not None:
+        return "launch_mode", why
+    why = prefetch_fits(prefetch, chain, dev)
+    return ("prefetch_fits", why) if why is not None else None
+
+
 def cluster_launch(dispatch: str, launch: str, grids: Sequence[StageGrid]) -> str | None:
     """Clustered stages need their blocks in hardware order (see :func:`tuner.sync.cluster_allowed`)."""
     clustered = [g.stage.name for g in grids if g.tiles.cluster > 1]
@@ -352,7 +371,7 @@ def fused_threads(launch: str, grids: Sequence[StageGrid]) -> str | None:
 
 
 # Across the chain: the first two read the sync choices, the others read the tilings too.
-CHAIN_CONSTRAINTS = ("launch_mode", "policy_requires", "fused_threads", "cluster_launch")
+CHAIN_CONSTRAINTS = ("launch_mode", "prefetch_fits", "policy_requires", "fused_threads", "cluster_launch")
 
 
 # ---------------------------------------------------------------------------
@@ -512,9 +531,9 @@ class FeasibleSet:
                     rejected[why[0]] = rejected.get(why[0], 0) + 1
             self.tilings.append(ok)
             self._rejections.append(rejected)
-        self.combos: list[tuple[str, str, str, str]] = [
+        self.combos: list[tuple[str, ...]] = [
             combo for combo in itertools.product(*(space.globals[f] for f in GLOBAL_FIELDS))
-            if launch_mode(*combo) is None]
+            if combo_problem(combo, chain, device) is None]
         self._plans: dict[tuple[str, bool], _Plan] = {}
         counts = [self._plan(c).total for c in self.combos]
         self._combo_counts = counts
@@ -531,8 +550,8 @@ class FeasibleSet:
                 return name, why
         return None
 
-    def _plan(self, combo: tuple[str, str, str, str]) -> _Plan:
-        policy, _order, dispatch, launch = combo
+    def _plan(self, combo: tuple[str, ...]) -> _Plan:
+        policy, _order, dispatch, launch, _prefetch = combo
         clusters = cluster_allowed(dispatch, launch) is None
         key = (policy, launch == "fused", clusters)
         if key not in self._plans:
@@ -579,8 +598,9 @@ class FeasibleSet:
                 detail = ", ".join(f"{k} rejected {v}" for k, v in sorted(rej.items(), key=lambda kv: -kv[1]))
                 out.append(f"stage {name} has no feasible tiling ({detail})")
         if not self.combos:
-            out.append("no policy/order/dispatch/launch combination is allowed (launch_mode: the stream policy runs "
-                       "only in the serial launch, the others in two_stream or fused, and fused needs ticket dispatch)")
+            out.append("no policy/order/dispatch/launch/prefetch combination is allowed (launch_mode: the stream "
+                       "policy runs only in the serial and pdl launches, the others in two_stream or fused, and fused "
+                       "needs ticket dispatch; prefetch_fits: an L2 prefetch needs Hopper and inputs that fit L2)")
         if not out and self._explicit is None:
             out.append("every combination of stage tilings breaks a cross-stage constraint "
                        "(policy_requires, fused_threads or cluster_launch)")
@@ -616,9 +636,9 @@ class FeasibleSet:
             why = self._stage_reason(g)
             if why is not None:
                 return f"{why[0]}: {g.stage.name}: {why[1]}"
-        why = launch_mode(config.policy, config.order, config.dispatch, config.launch)
-        if why is not None:
-            return f"launch_mode: {why}"
+        problem = combo_problem(config.globals, self.chain, self.device)
+        if problem is not None:
+            return f"{problem[0]}: {problem[1]}"
         for j, g in enumerate(grids):
             a = g.stage.a_from
             if a is not None:
@@ -644,7 +664,7 @@ class FeasibleSet:
         local = i - (self._prefix[c - 1] if c else 0)
         return Config(self._plan(combo).unrank(local), *combo)
 
-    def sample(self, rng: np.random.Generator, combo: tuple[str, str, str, str] | None = None) -> Config:
+    def sample(self, rng: np.random.Generator, combo: tuple[str, ...] | None = None) -> Config:
         """One config drawn uniformly from the set, or from its configs of one sync ``combo``."""
         if combo is None:
             if not self.size:
@@ -727,11 +747,12 @@ class FeasibleSet:
                 out.append(cfg)
         return out
 
-    def _stream_combo(self) -> tuple[str, str, str, str] | None:
+    def _stream_combo(self) -> tuple[str, ...] | None:
+        """The plainest stream combination: serial kernels, row order, block dispatch, no prefetch."""
         streams = [c for c in self.combos if c[0] == "stream"]
         if not streams or not all(self.tilings):
             return None
-        return min(streams, key=lambda c: ((c[1], c[2]) != ("row", "block"), c))
+        return min(streams, key=lambda c: (c[3] != "serial", c[4] != "none", (c[1], c[2]) != ("row", "block"), c))
 
     def domains(self) -> dict[str, list]:
         """Per Optuna parameter, the values some feasible config uses, in the space's order.

@@ -56,6 +56,16 @@ def _shape(t: StageTiles) -> tuple:
     return (t.mma, t.bm, t.bn, t.bk, t.wm, t.wn)
 
 
+def core_combos(combos: Iterable[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """One global combination per (policy, launch, prefetch), stream first: the tile order and
+    dispatch rarely decide a chain, and pairing all of them with every tiling left the chain pass
+    one or two pairings (refinement tries the others on the best chains)."""
+    best: dict[tuple[str, ...], tuple[str, ...]] = {}
+    for c in sorted(combos, key=lambda c: (c[1] != "row", c[2] != "block", c)):
+        best.setdefault((c[0], c[3], c[4]), c)
+    return sorted(best.values(), key=lambda c: (c[0] != "stream", c[4] != "none", c[3] != "serial"))
+
+
 class Staged(Strategy):
     name = "staged"
     stage_pass = True
@@ -176,7 +186,7 @@ class Staged(Strategy):
         tops = [self._top_tilings(j) for j in range(self.n)]
         pairings = sorted(itertools.product(*tops),
                           key=lambda ts: sum(self._alone_us(j, t) or 0.0 for j, t in enumerate(ts)))
-        combos = sorted(self.ctx.feasible.combos, key=lambda c: c[0] != "stream")  # a stream baseline first
+        combos = core_combos(self.ctx.feasible.combos)
         for tiles in pairings:
             for combo in combos:
                 if len(plan) >= self.chain_cap:
