@@ -82,8 +82,8 @@ def stage_rounds(gpu, chain: Chain, storage: str, device, graphs: bool, log=prin
         except KeyError:
             log(f"{alone.label}: no stage timed alone (a strategy without a stage pass)")
             continue
-        timed = sorted((t.value, c) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                       if t.user_attrs.get("measured") and (c := trial_config(t, 1)) is not None)
+        timed = sorted(((t.value, c) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                        if t.user_attrs.get("measured") and (c := trial_config(t, 1)) is not None), key=lambda x: x[0])
         cfgs = list(dict.fromkeys(c for _, c in timed))[:STAGE_FINALISTS]
         if not cfgs:
             continue
