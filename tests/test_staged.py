@@ -139,3 +139,18 @@ def test_stages_that_compute_the_same_thing_alone_share_one_stage_pass():
 def test_a_gemm_chain_times_both_stages():
     st = staged(256)
     assert st.twin_of == [0, 1] and st.stage_cap == 100
+
+
+def test_the_ring_one_slot_shorter_and_longer_than_the_fastest_probed_tilings_is_timed_next():
+    from tuner.strategies.staged import RING_TOP
+
+    st = staged(256, budget=100)
+    probe = st.propose(400)
+    st.observe(Outcome(p, 10.0 + i) for i, p in enumerate(probe))
+    probed = [set(a) for a in st.alone]
+    fastest = [st.fastest(j, RING_TOP) for j in range(2)]
+    more = {(p.stage, p.tiles) for p in st.propose(400)}
+    for j in range(2):
+        for t in fastest[j]:
+            near = [u for d in (-1, 1) if (u := replace(t, stages=t.stages + d)) in st.allowed[j]]
+            assert near and all((j, u) in more or u in probed[j] for u in near)

@@ -42,6 +42,9 @@ PROBE_SHAPES = 24  # per stage, shared among its MMA instructions: a fourth inst
 # transposed TMA tile) took the stage pass past its share, and the chain pass of llama at 320
 # tokens got 13 of 100 trials
 PER_SHAPE = 2  # pipeline/split variants per tile shape, the model's best
+RING_TOP = 2  # fastest probed tilings per stage whose ring one slot shorter and longer is timed
+# too: the model ranks neighbouring depths within a hair of each other, and at gpt3 256 and 2048
+# tokens it had two variants of the best shape timed that both missed the faster depth
 LIVE_KIND = 1.10  # an instruction whose probe's best is within this of the best probe gets more shapes
 TOP_PER_STAGE = 3  # fastest tilings per stage that the chain pass pairs
 CLUSTER_TOP = 3  # fastest tilings per stage tried again in clusters
@@ -136,12 +139,13 @@ class Staged(Strategy):
             variants: dict[tuple, int] = {}
             for t in self.alone[j]:
                 variants[_shape(t)] = variants.get(_shape(t), 0) + 1
-            more = []
+            more = [u for t in self.fastest(j, RING_TOP) for d in (-1, 1)
+                    if (u := replace(t, stages=t.stages + d)) in self.allowed[j] and u not in self.alone[j]]
             for g in self.ranked[j]:
                 t = g.tiles
                 if len(more) >= room - CLUSTER_TOP * len(CLUSTERS):
                     break
-                if t.cluster > 1 or t.mma not in live or t in self.alone[j]:
+                if t.cluster > 1 or t.mma not in live or t in self.alone[j] or t in more:
                     continue
                 if variants.get(_shape(t), 0) < PER_SHAPE:
                     variants[_shape(t)] = variants.get(_shape(t), 0) + 1
