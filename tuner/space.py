@@ -370,7 +370,7 @@ def fused_threads(launch: str, grids: Sequence[StageGrid]) -> str | None:
     return None
 
 
-# Across the chain: the first two read the sync choices, the others read the tilings too.
+# Across the chain: the first two read the global choices (and the chain and device), the others the tilings too.
 CHAIN_CONSTRAINTS = ("launch_mode", "prefetch_fits", "policy_requires", "fused_threads", "cluster_launch")
 
 
