@@ -61,6 +61,11 @@ def _unit(*parts: object) -> float:
     return int.from_bytes(h[:8], "little") / 2 ** 64
 
 
+def _key(c: Config) -> str:
+    """A config as the jitter sees it: its recorded form, which a new field at its default leaves as it was."""
+    return json.dumps(c.to_dict(), sort_keys=True)
+
+
 def stage_us(g: StageGrid, sms: int) -> float:
     t = g.tiles
     waves = math.ceil(g.blocks / sms)
@@ -82,13 +87,14 @@ def chain_us(chain: Chain, c: Config, sms: int) -> float:
         total += GUARD_US if c.launch == "two_stream" else 0.0
     if c.dispatch == "ticket":
         total *= 0.98
-    return total * (1 + 0.04 * (_unit("config", chain.label, c) - 0.5))
+    return total * (1 + 0.04 * (_unit("config", chain.label, _key(c)) - 0.5))
 
 
 def measurement(chain: Chain, c: Config, sms: int) -> Measurement:
     median = chain_us(chain, c, sms)
-    times = sorted(round(median * (1 + 0.01 * (_unit("sample", i, chain.label, c) - 0.5)), 3) for i in range(5))
-    return Measurement(ok=True, median_us=times[2], times_us=times, error=round(1e-3 * _unit("err", c), 6))
+    key = _key(c)
+    times = sorted(round(median * (1 + 0.01 * (_unit("sample", i, chain.label, key) - 0.5)), 3) for i in range(5))
+    return Measurement(ok=True, median_us=times[2], times_us=times, error=round(1e-3 * _unit("err", key), 6))
 
 
 def failure(reason: str) -> Measurement:
