@@ -55,7 +55,8 @@ def tiles_for(chain: Chain, split: tuple[int, int] = (1, 1), mma: str = "sync") 
 
 def coverage(chain: Chain, mma: str = "sync") -> list[Config]:
     """One config per allowed combination, alternating split-K and uneven M tiles across them, and
-    the L2 prefetch (every other pair of combinations, so under every launch mode, where the chain's later inputs fit an H200's L2)."""
+    the L2 prefetch (every other pair of combinations, so under every launch mode) where the
+    chain's later inputs fit an H200's L2."""
     out = []
     prefetch = "l2" if prefetch_allowed("l2", chain, DeviceInfo("H200")) is None else "none"
     for i, (p, o, d, l) in enumerate(combos()):
