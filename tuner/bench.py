@@ -29,16 +29,19 @@ from .workloads import Chain, get_workload
 ROUNDS = 5  # interleaved rounds of the final timing
 
 
-def timed_configs(storage: str, chain: Chain, device) -> list[tuple[float, Config]]:
-    """Every measured, successful whole-chain config of the chain's study, with its time."""
+def timed_configs(storage: str, chain: Chain, device, stage: int | None = None) -> list[tuple[float, Config]]:
+    """Every measured, successful config of the chain's study (of stage ``stage`` timed alone,
+    where given), with its time; KeyError where the storage has no such study."""
     import optuna  # noqa: PLC0415
     from optuna.trial import TrialState  # noqa: PLC0415
 
-    from .trials import trial_config  # noqa: PLC0415
+    from .trials import stage_study_name, trial_config  # noqa: PLC0415
 
-    study = optuna.load_study(study_name=study_name(chain, device), storage=storage)
+    name = study_name(chain, device) if stage is None else stage_study_name(chain, stage, device)
+    n = len(chain.stages) if stage is None else 1
+    study = optuna.load_study(study_name=name, storage=storage)
     return [(t.value, c) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.user_attrs.get("measured") and (c := trial_config(t, len(chain.stages))) is not None]
+            if t.user_attrs.get("measured") and (c := trial_config(t, n)) is not None]
 
 
 def ablations(contestants: dict[str, Config], fields: list[str], chain: Chain, device) -> dict[str, Config]:
@@ -68,22 +71,16 @@ def stage_rounds(gpu, chain: Chain, storage: str, device, graphs: bool, log=prin
     """Each stage alone: its fastest tilings of the stage pass timed again with the baselines of
     that one stage (a cuBLAS GEMM with its epilogue, PyTorch's) in interleaved rounds. The GEMM
     our chains are built from against the library kernel for the same shape and epilogue."""
-    import optuna  # noqa: PLC0415
-    from optuna.trial import TrialState  # noqa: PLC0415
-
     from .baselines import baseline_timers  # noqa: PLC0415
-    from .trials import stage_study_name, trial_config  # noqa: PLC0415
 
     out = []
     for j, st in enumerate(chain.stages):
         alone = chain.alone(j)
         try:
-            study = optuna.load_study(study_name=stage_study_name(chain, j, device), storage=storage)
+            timed = sorted(timed_configs(storage, chain, device, stage=j), key=lambda x: x[0])
         except KeyError:
             log(f"{alone.label}: no stage timed alone (a strategy without a stage pass)")
             continue
-        timed = sorted(((t.value, c) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                        if t.user_attrs.get("measured") and (c := trial_config(t, 1)) is not None), key=lambda x: x[0])
         cfgs = list(dict.fromkeys(c for _, c in timed))[:STAGE_FINALISTS]
         if not cfgs:
             continue

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import UsageError
 from .device import DeviceInfo
-from .config import GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
+from .config import GLOBAL_DEFAULTS, GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
 from .expr import Expr
 from .prefetch import PREFETCHES, prefetch_allowed
 from .stages import kind_of
@@ -55,8 +55,9 @@ GLOBAL_CHOICES: dict[str, tuple[str, ...]] = {
     "launch": tuple(LAUNCHES),
     "prefetch": PREFETCHES,
 }
-# A choice a space file must name to get: what a file that leaves the key out searches.
-OPT_IN: dict[str, tuple[str, ...]] = {"prefetch": ("none",)}
+# What a space file that leaves a key out searches: every value, but a field with a default
+# (one added later, opt-in) only that.
+DEFAULT_GLOBALS: dict[str, tuple[str, ...]] = {**GLOBAL_CHOICES, **{f: (v,) for f, v in GLOBAL_DEFAULTS.items()}}
 TABLES = ("stage", "global", "limits")
 
 
@@ -78,7 +79,7 @@ class SearchSpace:
 
     stage: Mapping[str, tuple[Any, ...]]
     overrides: Mapping[str, Mapping[str, tuple[Any, ...]]] = field(default_factory=dict)
-    globals: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: {**GLOBAL_CHOICES, **OPT_IN})
+    globals: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_GLOBALS))
     limits: Limits = Limits()
     source: str = "<search space>"
 
@@ -156,7 +157,7 @@ def parse_space(data: Mapping[str, Any], source: str = "<search space>") -> Sear
         defaults = ", ".join(f"{k} to {v}" for k, v in TILE_DEFAULTS.items())
         raise SpaceError(f"{source}: [stage] lacks {', '.join(missing)}; it must list every one of "
                          f"{', '.join(TILE_FIELDS)} ({defaults} by default)")
-    globals_ = {**GLOBAL_CHOICES, **OPT_IN}
+    globals_ = dict(DEFAULT_GLOBALS)
     for key, value in data.get("global", {}).items():
         if key not in GLOBAL_CHOICES:
             raise _unknown(key, f"global.{key}", tuple(GLOBAL_CHOICES), source)
