@@ -37,6 +37,8 @@ def sources() -> dict[str, str]:
         rendered += [render(chain("gpt3", size), c) for c in clustered(chain("gpt3", size))]
     odd = chain("gpt3", cases.ODD)
     rendered += [render(odd, c, device_epoch=True) for mma in cases.MMAS for c in coverage(odd, mma)]
+    graphed = chain("gpt3", dict(tokens=64))  # a backend timing graphs
+    rendered += [render(graphed, c, device_epoch=True) for c in coverage(graphed, "wgmma_tma")]
     for workload, size, mma in cases.CONV_CASES:
         rendered += [render(chain(workload, size), c) for c in coverage(chain(workload, size), mma)]
     for workload, size in cases.ATTN_CASES:

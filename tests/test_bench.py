@@ -20,12 +20,23 @@ T = StageTiles(128, 192, 64, 2, 1, 4, 1, "wgmma_tma")
 
 
 class FakeRunner:
-    def __init__(self, name, log, flag=0):
-        self.name, self.log, self.flag = name, log, flag
+    def __init__(self, name, log, flag=0, device_epoch=False):
+        self.name, self.log, self.flag, self.device_epoch = name, log, flag, device_epoch
+        self.captured = False
 
     def time(self, warmup, reps):
         self.log.append(self.name)
         return [10.0 + len(self.log)] * reps
+
+    def capture(self):
+        if not self.device_epoch:
+            raise ValueError("a chain whose epoch is a kernel argument cannot be replayed from a graph")
+        self.captured = True
+
+    def time_graphs(self, warmup, reps):
+        assert self.captured
+        self.log.append(f"{self.name} graph")
+        return [9.0] * reps
 
     def error_flag(self):
         return self.flag
@@ -34,15 +45,15 @@ class FakeRunner:
 class FakeBackend:
     """What GpuBackend.time_rounds uses of its backend: load, verify and the repetition counts."""
 
-    warmup, reps, IDLE_S = 1, 3, 0.0
+    warmup, reps, IDLE_S, SCREEN_REPS = 1, 3, 0.0, 2
 
-    def __init__(self, log, broken=(), broken_after_timing=()):
-        self.log, self.broken, self.broken_after_timing = log, broken, broken_after_timing
+    def __init__(self, log, broken=(), broken_after_timing=(), graphs=False):
+        self.log, self.broken, self.broken_after_timing, self.graphs = log, broken, broken_after_timing, graphs
 
-    def load(self, chain, cfg):
+    def load(self, chain, cfg, fault="none", device_epoch=False):
         from tuner.backends.base import Measurement
 
-        return FakeRunner(cfg.policy, self.log), Measurement(ok=True)
+        return FakeRunner(cfg.policy, self.log, device_epoch=device_epoch), Measurement(ok=True)
 
     def verify(self, chain, runner):
         timed = runner.name in self.log
@@ -69,6 +80,38 @@ def test_final_rounds_leave_out_a_config_that_goes_wrong_while_it_is_timed():
     out = GpuBackend.time_rounds(FakeBackend(log, broken_after_timing=("tile",)), CHAIN64, [STREAM, TILE], 2)
     assert log == ["stream", "tile"] * 2  # it verified before, so it was timed
     assert len(out[STREAM]) == 2 and out[TILE] == "incorrect after the timed rounds"
+
+
+def test_a_backend_timing_graphs_times_its_final_rounds_as_graph_replays():
+    log: list[str] = []
+    out = GpuBackend.time_rounds(FakeBackend(log, graphs=True), CHAIN64, [STREAM], 2)
+    assert log == ["stream graph"] * 2 and out[STREAM] == [9.0, 9.0]
+
+
+def test_a_backend_timing_graphs_times_the_search_as_graph_replays_too(monkeypatch):
+    """The search's single timings and the final rounds time the same way: as launches, a chain
+    of short kernels can wait on the host between kernels, which a captured chain never does."""
+    import types
+
+    from tuner.backends import gpu
+
+    monkeypatch.setattr(gpu, "_cp", lambda: types.SimpleNamespace(
+        cuda=types.SimpleNamespace(driver=types.SimpleNamespace(CUDADriverError=RuntimeError))))
+    for graphs, timed in ((True, "stream graph"), (False, "stream")):
+        log: list[str] = []
+        fake = FakeBackend(log, graphs=graphs)
+        fake.load = lambda chain, cfg, fault="none", device_epoch=False, fake=fake: (
+            FakeRunner(cfg.policy, log, device_epoch=device_epoch), gpu.Measurement(ok=True))
+        fake.verify = lambda chain, runner: (0.001, None)
+        fake._refs = {}
+        # Two input sets: the check that repeated runs still match reads one set's output only.
+        fake_problem = types.SimpleNamespace(xs=[0, 1])
+        FakeRunner.problem = fake_problem
+        try:
+            m = GpuBackend.measure(fake, CHAIN64, STREAM, screen=True)
+        finally:
+            del FakeRunner.problem
+        assert m.ok and log == [timed] and m.graphs is graphs and len(m.times_us) == FakeBackend.SCREEN_REPS
 
 
 def test_the_three_fastest_of_each_kind_go_to_the_final_rounds_and_the_rounds_pick():
@@ -218,7 +261,7 @@ def test_each_stage_alone_is_timed_again_with_its_fastest_tilings_against_the_li
                                                   value=best.value, user_attrs=other.user_attrs))
     monkeypatch.setattr(baselines, "baseline_timers", lambda ch, sets, graphs: {"cupy cublas": None})
     gpu = Gpu()
-    rows = bench.stage_rounds(gpu, chain, storage, replay.device_info(), True, log=lambda *_: None)
+    rows = bench.stage_rounds(gpu, chain, storage, replay.device_info(), False, log=lambda *_: None)
     assert [r["stage"] for r in rows] == ["gemm1", "gemm2"] and [t[0] for t in gpu.timed] == [
         chain.alone(0).label, chain.alone(1).label]
     for r, (_, cfgs, names) in zip(rows, gpu.timed):

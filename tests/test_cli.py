@@ -77,6 +77,7 @@ BAD_SPACE = "[stage]\nbm = [16]\nbn = [64]\nbk = [32]\nwm = [1]\nwn = [1]\nstage
     (["study", "gpt3", "--tokens", "1", "--hidden", "7"], ["--hidden 7", "multiple of 8", "nearest: 8"]),
     (["study", "llama", "--tokens", "1", "--ffn", "3588"], ["--ffn 3588", "multiple of 8", "3584 or 3592"]),
     (["study", "gpt3", "--replay-file", "/nonexistent/rec.json"], ["cannot read recording", "/nonexistent/rec.json"]),
+    (["study", "gpt3", "--graphs"], ["--graphs", "on a GPU", "without --graphs"]),
     (["frobnicate"], ["invalid choice", "study"]),
     (["export", "gpt4"], ["unknown workload"]),
 ])

@@ -55,6 +55,21 @@ def test_clusters_sharing_tma_copies_are_correct(backend, size):
     assert not failures, "\n".join(failures)
 
 
+def test_a_backend_timing_graphs_verifies_and_times_every_launch_mode_from_graphs():
+    from tuner.backends.gpu import GpuBackend
+
+    chain = get_workload("gpt3").chain(tokens=64)
+    b = GpuBackend(warmup=1, reps=3, graphs=True)
+    try:
+        cfgs = coverage(chain, "wgmma_tma")
+        failures = failures_of(b, chain, cfgs)
+        assert not failures, "\n".join(failures)
+        m = b.measure(chain, cfgs[0], screen=True)
+        assert m.ok and m.graphs and len(m.times_us) == b.SCREEN_REPS
+    finally:
+        b.close()
+
+
 @pytest.mark.parametrize("mma", MMAS)
 def test_repeated_runs_without_reset_stay_correct(backend, mma):
     chain = get_workload("gpt3").chain(**ODD)

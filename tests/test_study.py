@@ -374,6 +374,50 @@ def test_a_new_size_starts_from_the_best_configs_of_the_nearest_sizes_and_stage_
     assert transfer_candidates(rdb, near, DeviceInfo("other GPU")) == ([], [[], []])
 
 
+def test_a_study_timed_as_graph_replays_is_kept_apart_from_one_timed_as_launches(storage):
+    """Launch gaps make the two kinds of time incomparable: their studies, stage studies and
+    transfers never mix, and the cache asks for the source that numbers its runs on the device."""
+    from tuner.render import render
+    from tuner.store import open_optuna_storage
+    from tuner.study import _source_hasher, transfer_candidates
+
+    launched = run_study(CHAIN, SMALL, FakeBackend(), storage, strategy="staged", trials=20, check=no_col_order,
+                         final=False)
+    class Graphed(FakeBackend):
+        graphs = True
+
+        def source_hash(self, chain, cfg):
+            return "g" + super().source_hash(chain, cfg)
+
+        def measure(self, chain, cfg):  # other times, so that the two studies' best differ
+            m = super().measure(chain, cfg)
+            m.median_us = 200.0 - m.median_us
+            return m
+
+    graphed_backend = Graphed()
+    graphed = run_study(CHAIN, SMALL, graphed_backend, storage, strategy="staged", trials=20, check=no_col_order,
+                        final=False)
+    assert len(graphed_backend.calls) == 20  # nothing answered from the other study or its cache
+    assert graphed.name == study_name(CHAIN, DEVICE, graphs=True) == launched.name + "/graphs"
+    rdb = open_optuna_storage(storage)
+    names = {s.study_name: s.user_attrs.get("graphs") for s in optuna.get_all_study_summaries(rdb)}
+    assert sum(n.endswith("/graphs") for n in names) == 3 and all(v == n.endswith("/graphs") for n, v in names.items())
+    near = get_workload("gpt3").chain(tokens=128)
+    assert transfer_candidates(rdb, near, DEVICE, graphs=True)[0] != transfer_candidates(rdb, near, DEVICE)[0]
+
+    class Measuring(Backend):
+        name, graphs = "measuring", True
+
+        def device_info(self):
+            return DEVICE
+
+        def measure(self, chain, config):
+            raise AssertionError
+
+    cfg = next(iter(SMALL.feasible(CHAIN, DEVICE)))
+    assert _source_hasher(Measuring())(CHAIN, cfg) == render(CHAIN, cfg, device_epoch=True).hash
+
+
 def test_show_counts_the_stages_timed_alone_beside_the_chain_trials(storage):
     from tuner.export import collect
 

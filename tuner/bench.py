@@ -29,15 +29,17 @@ from .workloads import Chain, get_workload
 ROUNDS = 5  # interleaved rounds of the final timing
 
 
-def timed_configs(storage: str, chain: Chain, device, stage: int | None = None) -> list[tuple[float, Config]]:
+def timed_configs(storage: str, chain: Chain, device, stage: int | None = None, graphs: bool = False
+                  ) -> list[tuple[float, Config]]:
     """Every measured, successful config of the chain's study (of stage ``stage`` timed alone,
-    where given), with its time; KeyError where the storage has no such study."""
+    where given; ``graphs``: the study timed as CUDA graph replays), with its time; KeyError where
+    the storage has no such study."""
     import optuna  # noqa: PLC0415
     from optuna.trial import TrialState  # noqa: PLC0415
 
     from .trials import stage_study_name, trial_config  # noqa: PLC0415
 
-    name = study_name(chain, device) if stage is None else stage_study_name(chain, stage, device)
+    name = study_name(chain, device, graphs) if stage is None else stage_study_name(chain, stage, device, graphs)
     n = len(chain.stages) if stage is None else 1
     study = optuna.load_study(study_name=name, storage=storage)
     return [(t.value, c) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -77,7 +79,7 @@ def stage_rounds(gpu, chain: Chain, storage: str, device, graphs: bool, log=prin
     for j, st in enumerate(chain.stages):
         alone = chain.alone(j)
         try:
-            timed = sorted(timed_configs(storage, chain, device, stage=j), key=lambda x: x[0])
+            timed = sorted(timed_configs(storage, chain, device, stage=j, graphs=graphs), key=lambda x: x[0])
         except KeyError:
             log(f"{alone.label}: no stage timed alone (a strategy without a stage pass)")
             continue
@@ -110,7 +112,7 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
 
     from .store import MeasurementStore
 
-    gpu = GpuBackend(seed=seed)
+    gpu = GpuBackend(seed=seed, graphs=graphs)
     dev = gpu.device_info()
     wl = get_workload(workload)
     space = load_space(space_path)
@@ -135,7 +137,7 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
         store = MeasurementStore(storage, writable=False)
         write_recording(rec_path, dev, store.records(dev, labels), command)
         store.close()
-        passed = timed_configs(storage, ch, dev)
+        passed = timed_configs(storage, ch, dev, graphs=graphs)
         contestants = named_finalists(passed)
         for path in compare:
             for cfg in picked_configs(path, ch.label):

@@ -172,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--claim-grace", type=_positive_float, metavar="S", default=None,
                    help="seconds after a worker's last heartbeat (every few seconds) before the others take over "
                         "what it was measuring (default: 60)")
+    p.add_argument("--graphs", action="store_true",
+                   help="on a GPU: time every config as CUDA graph replays (the kernels number their runs on the "
+                        "device), as a caller that captures the chain runs it; for chains of a few short kernels, "
+                        "where launches are much of the time. Its studies are kept apart (names end in /graphs)")
     p.add_argument("--plant-fault", type=_fault, action="append", metavar="N:KIND", default=[],
                    help="testing the isolation on a GPU: plant a fault in the N-th measured trial; "
                         "KIND is one of illegal_address, hang, missing_post")
@@ -188,9 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "timed again, with every baseline, in 5 interleaved rounds after idle")
     p.add_argument("--seed", type=_non_negative_int, default=0, metavar="N", help="strategy seed and random inputs")
     p.add_argument("--graphs", action="store_true",
-                   help="time our finalists and the CuPy chain inside CUDA graphs, as PyTorch's graph variants "
-                        "are (the kernels then number their runs on the device); for chains of a few short "
-                        "kernels, where launches are much of the time")
+                   help="time our chains (the search's trials and the finalists) and the CuPy chain inside CUDA "
+                        "graphs, as PyTorch's graph variants are (the kernels then number their runs on the "
+                        "device); for chains of a few short kernels, where launches are much of the time")
     p.add_argument("--network", action="store_true",
                    help="every layer of the whole network (resnet38, vgg19) at each --batch, then the "
                         "multiplicity-weighted whole-network figure")
@@ -283,7 +287,11 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
     MeasurementStore(args.storage).close()  # an unusable storage fails here, before any work
 
     backend = get_backend(args.backend, args.replay_file, announce=print, plant=dict(args.plant_fault),
-                          deadline_s=args.deadline)
+                          deadline_s=args.deadline, graphs=args.graphs)
+    if args.graphs and backend.replayed:
+        backend.close()
+        raise UsageError("--graphs times CUDA graph replays on a GPU, and none is in use; accepted without a GPU: "
+                         "the study without --graphs (a replay answers as its recording was timed)")
     try:
         tag = figure_tag(backend)
         if getattr(backend, "synthetic", False):

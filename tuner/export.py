@@ -51,6 +51,7 @@ def collect(storage: str, workload: str) -> list[dict[str, Any]]:
             "size": attrs.get("size", {}),
             "replayed": bool(attrs.get("replayed", False)),
             "synthetic": bool(attrs.get("synthetic", False)),
+            "graphs": bool(attrs.get("graphs", False)),  # timed as CUDA graph replays
             "trials": summ.measured,
             "stage_trials": alone.get((attrs.get("label", ""), attrs.get("device", "")), 0),
             "failures": {r: summ.failures.get(r, 0) for r in FAIL_REASONS},

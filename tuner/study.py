@@ -268,15 +268,15 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
     board = ClaimBoard(storage, beat_s=min(5.0, claim_grace_s / 4), grace_s=claim_grace_s)
     common = {"workload": chain.workload, "size": chain.size_dict, "label": chain.label, "device": device.name,
               "backend": backend.name, "replayed": backend.replayed,
-              "synthetic": bool(getattr(backend, "synthetic", False))}
+              "synthetic": bool(getattr(backend, "synthetic", False)), "graphs": backend.graphs}
     n_stages = len(chain.stages)
-    book = TrialBook(rdb, study_name(chain, device), fs.param_order(), n_stages, common)
+    book = TrialBook(rdb, study_name(chain, device, backend.graphs), fs.param_order(), n_stages, common)
     alone = [chain.alone(j) for j in range(n_stages)]
     stage_books: list[TrialBook] = []
     stage_tilings: list[list] = []
     if strat.stage_pass:
         for j, st in enumerate(chain.stages):
-            stage_books.append(TrialBook(rdb, stage_study_name(chain, j, device), _stage_domains(fs, j), 1,
+            stage_books.append(TrialBook(rdb, stage_study_name(chain, j, device, backend.graphs), _stage_domains(fs, j), 1,
                                          {**common, "stage": st.name, "stage_shape": [st.m, st.n, st.k, st.epilogue]}))
             grids = fs.tilings[j]
             recorded = backend.restrict(alone[j], [stage_config(g.tiles) for g in grids])
@@ -516,7 +516,7 @@ def _transfer(book: TrialBook, rdb: Any, chain: Chain, device: Any) -> tuple[lis
                     [[Config.from_dict(d).tiles[0] for d in ds] for ds in saved["stages"]])
         except (KeyError, TypeError, ValueError):
             pass  # written by another version: ask the storage again
-    near_chain, near_stages = transfer_candidates(rdb, chain, device)
+    near_chain, near_stages = transfer_candidates(rdb, chain, device, graphs=book.study.user_attrs.get("graphs", False))
     book.study.set_user_attr("transfer", {"chain": [c.to_dict() for c in near_chain],
                                           "stages": [[stage_config(t).to_dict() for t in ts] for ts in near_stages]})
     return near_chain, near_stages
@@ -612,7 +612,7 @@ def _source_hasher(backend: Backend) -> Callable[[Chain, Config], str | None] | 
 
     def rendered_hash(chain: Chain, config: Config) -> str | None:
         try:
-            return render(chain, config).hash
+            return render(chain, config, device_epoch=backend.graphs).hash
         except Exception:  # a config the templates refuse fails in measure(), with its reason
             return None
 

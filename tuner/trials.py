@@ -28,16 +28,20 @@ class StudyError(UsageError):
     """A study file is malformed, or a study cannot run as asked."""
 
 
-def study_name(chain: Chain, device: DeviceInfo | str) -> str:
-    """The Optuna study name: chain label and device, e.g. ``gpt3/tokens=64,hidden=12288,ffn=6144/NVIDIA H200``."""
+GRAPHS_SUFFIX = "/graphs"  # the studies timed as CUDA graph replays, apart from those timed as launches
+
+
+def study_name(chain: Chain, device: DeviceInfo | str, graphs: bool = False) -> str:
+    """The Optuna study name: chain label and device, e.g. ``gpt3/tokens=64,hidden=12288,ffn=6144/NVIDIA H200``,
+    and ``/graphs`` after it for a study timed as CUDA graph replays (their times are not comparable)."""
     name = device if isinstance(device, str) else device.name
-    return f"{chain.label}/{name}"
+    return f"{chain.label}/{name}" + (GRAPHS_SUFFIX if graphs else "")
 
 
-def stage_study_name(chain: Chain, j: int, device: DeviceInfo | str) -> str:
+def stage_study_name(chain: Chain, j: int, device: DeviceInfo | str, graphs: bool = False) -> str:
     """The study of stage ``j`` timed alone, e.g. ``gpt3/tokens=64,hidden=12288,ffn=6144/gemm1/NVIDIA H200``."""
     name = device if isinstance(device, str) else device.name
-    return f"{chain.label}/{chain.stages[j].name}/{name}"
+    return f"{chain.label}/{chain.stages[j].name}/{name}" + (GRAPHS_SUFFIX if graphs else "")
 
 
 def trial_config(trial: Any, n_stages: int) -> Config | None:
@@ -240,8 +244,9 @@ class TrialBook:
 
 
 def transfer_candidates(rdb: Any, chain: Chain, device: DeviceInfo, per_study: int = 3,
-                        neighbours: int = 2) -> tuple[list[Config], list[list[Any]]]:
-    """The best configs of the nearest sizes already in the storage, for the same device.
+                        neighbours: int = 2, graphs: bool = False) -> tuple[list[Config], list[list[Any]]]:
+    """The best configs of the nearest sizes already in the storage, for the same device, timed
+    the same way (``graphs``: as CUDA graph replays).
 
     Chain configs come from the studies of the same workload and model shape at the nearest
     token counts (log distance); stage tilings from the stage studies of the same stage shape
@@ -257,7 +262,8 @@ def transfer_candidates(rdb: Any, chain: Chain, device: DeviceInfo, per_study: i
     shapes = [(st.n, st.k, st.epilogue) for st in chain.stages]
     for s in optuna.get_all_study_summaries(rdb, include_best_trial=False):
         a = s.user_attrs
-        if a.get("device") != device.name or a.get("label") == chain.label or a.get("replayed"):
+        if (a.get("device") != device.name or a.get("label") == chain.label or a.get("replayed")
+                or bool(a.get("graphs")) != graphs):
             continue
         other = a.get("size") or {}
         if "stage_shape" in a:
@@ -288,12 +294,14 @@ def transfer_candidates(rdb: Any, chain: Chain, device: DeviceInfo, per_study: i
     return chain_cfgs, stage_tiles
 
 
-def measured_history(storage: Any, chain: Chain, device: DeviceInfo | str) -> list[float | None]:
+def measured_history(storage: Any, chain: Chain, device: DeviceInfo | str, graphs: bool = False
+                     ) -> list[float | None]:
     """Every measured trial of ``chain``'s studies (its stages' alone included) in the order written:
     the whole-chain time, or None for a stage timed alone or a failure."""
     import optuna  # noqa: PLC0415
 
-    names = [study_name(chain, device)] + [stage_study_name(chain, j, device) for j in range(len(chain.stages))]
+    names = [study_name(chain, device, graphs)] + [stage_study_name(chain, j, device, graphs)
+                                                   for j in range(len(chain.stages))]
     rows = []
     for name in names:
         try:

@@ -41,12 +41,13 @@ def default_recordings() -> list[Path]:
 
 def get_backend(name: str = "auto", replay_files: Sequence[str | Path] | None = None,
                 announce: Callable[[str], None] = print, plant: dict[int, str] | None = None,
-                deadline_s: float = 60.0) -> Backend:
+                deadline_s: float = 60.0, graphs: bool = False) -> Backend:
     """The backend called ``name`` (auto, gpu or replay).
 
     ``auto`` measures on the GPU when one is visible and replays recordings otherwise. The GPU
     backend runs in a worker process (see :mod:`tuner.backends.worker`); ``plant`` maps a trial
-    number to a fault planted in that trial's kernels, for testing the isolation.
+    number to a fault planted in that trial's kernels, for testing the isolation; with ``graphs``
+    it times every config as CUDA graph replays. A replay answers as its recording was timed.
     Without ``replay_files`` the replay backend reads every ``studies/*.measurements.json``,
     or, when there is none, the synthetic recording, announced as such.
     """
@@ -62,7 +63,8 @@ def get_backend(name: str = "auto", replay_files: Sequence[str | Path] | None = 
             raise UsageError(f"the GPU backend cannot load ({exc}); install it with pip install -e '.[gpu]'") from None
         from .worker import WorkerBackend  # noqa: PLC0415
 
-        return WorkerBackend("tuner.backends.gpu:GpuBackend", plant=plant, deadline_s=deadline_s)
+        return WorkerBackend("tuner.backends.gpu:GpuBackend", kwargs={"graphs": True} if graphs else None,
+                             plant=plant, deadline_s=deadline_s)
 
     from .replay import ReplayBackend  # noqa: PLC0415
 

@@ -27,13 +27,18 @@ class Measurement:
     compile_s: float = 0.0
     resources: dict[str, Any] = field(default_factory=dict)  # per kernel: registers, smem, spills
     replayed: bool = False
+    graphs: bool = False  # timed as replays of a CUDA graph, not as launches
 
     def __post_init__(self) -> None:
         if not self.ok and self.reason not in FAIL_REASONS:
             raise ValueError(f"failure reason must be one of {FAIL_REASONS}, got {self.reason!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """As JSON data; ``graphs`` only where set, so records timed as launches read as they always did."""
+        d = asdict(self)
+        if not self.graphs:
+            del d["graphs"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Measurement":
@@ -49,6 +54,7 @@ class Backend(ABC):
 
     name: str = "abstract"
     replayed: bool = False  # True when figures come from a recording, not a measurement
+    graphs: bool = False  # True when every run it times is a CUDA graph's replay (the kernels number their runs)
 
     @abstractmethod
     def device_info(self) -> DeviceInfo:

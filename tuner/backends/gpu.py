@@ -259,6 +259,15 @@ class Runner:
         return _time_runs(lambda i: self.enqueue(i % sets), self.streams[0], warmup, reps)
 
 
+def _capture(runner: Runner) -> str | None:
+    """Capture the runner's graphs; why the driver refused, or None."""
+    try:
+        runner.capture()
+    except Exception as exc:  # noqa: BLE001 - a capture the driver refuses leaves the config out
+        return f"graph capture: {exc}"
+    return None
+
+
 def _time_runs(run: Callable[[int], Any], stream: Any, warmup: int, reps: int) -> list[float]:
     """``run(i)`` for i below ``warmup``, then again for i below ``reps``, each timed between two
     events on ``stream``, all queued back to back; µs per timed run."""
@@ -282,12 +291,16 @@ class GpuBackend(Backend):
     SCREEN_REPS = 10
     IDLE_S = 0.3  # idle before each final-round timing: the clock drops under sustained load
 
-    def __init__(self, *, warmup: int = 5, reps: int = 30, seed: int = 0, cache_dir: str | None = None):
+    def __init__(self, *, warmup: int = 5, reps: int = 30, seed: int = 0, cache_dir: str | None = None,
+                 graphs: bool = False):
+        """``graphs``: every config runs from CUDA graphs, in the search as in the final rounds (its
+        source numbering its runs on the device), as a graph-captured baseline does; else as launches."""
         from ..compile import toolkit_version
 
         cp = _cp()
         cp.cuda.Device(0).use()
         self.warmup, self.reps, self.seed = warmup, reps, seed
+        self.graphs = graphs
         self.cache_dir = cache_dir
         self._device = query_device(toolkit_version())
         self._problems: dict[str, Problem] = {}
@@ -358,30 +371,28 @@ class GpuBackend(Backend):
 
     def prepare(self, targets: Sequence[tuple[Chain, Config]]) -> Iterator[int]:
         """Compile ahead on every core; yields each target's index as its compile ends."""
-        return compile_ahead(targets, self._device.arch, self.cache_dir)
+        return compile_ahead(targets, self._device.arch, self.cache_dir, device_epoch=self.graphs)
 
     def time_rounds(self, chain: Chain, configs: Sequence[Config], rounds: int,
-                    extra: dict[str, Any] | None = None, idle_s: float | None = None, graphs: bool = False
+                    extra: dict[str, Any] | None = None, idle_s: float | None = None, graphs: bool | None = None
                     ) -> dict[Any, list[float] | str]:
         """Per config (and per name of ``extra``'s timers, ``timer(warmup, reps) -> µs list``), the
         median µs of each of ``rounds`` interleaved rounds, each timing after ``idle_s`` of idle.
         Configs are verified before and after (fresh inputs, poisoned outputs); one that fails
-        gets the reason instead of times. With ``graphs`` each config runs from CUDA graphs (its
-        source numbering its runs on the device), as a graph-captured baseline does."""
+        gets the reason instead of times. With ``graphs`` (default: the backend's) each config runs
+        from CUDA graphs (its source numbering its runs on the device), as a graph-captured baseline does."""
         import time
 
+        graphs = self.graphs if graphs is None else graphs
         idle = self.IDLE_S if idle_s is None else idle_s
         out: dict[Any, list[float] | str] = {}
         timers: dict[Any, Any] = {}
         runners = {}
         for cfg in configs:
-            runner, m = self.load(chain, cfg, device_epoch=True) if graphs else self.load(chain, cfg)
+            runner, m = self.load(chain, cfg, device_epoch=graphs)
             why = m.message if runner is None else self.verify(chain, runner)[1]
             if not why and graphs:
-                try:
-                    runner.capture()
-                except Exception as exc:  # noqa: BLE001 - a capture the driver refuses leaves the config out
-                    why = f"graph capture: {exc}"
+                why = _capture(runner)
             if why:
                 out[cfg] = why
                 continue
@@ -403,7 +414,7 @@ class GpuBackend(Backend):
 
     def measure(self, chain: Chain, config: Config, fault: str = "none", screen: bool = False) -> Measurement:
         cp = _cp()
-        runner, m = self.load(chain, config, fault)
+        runner, m = self.load(chain, config, fault, device_epoch=self.graphs)
         if runner is None:
             return m
         try:
@@ -414,7 +425,14 @@ class GpuBackend(Backend):
                     f"relative error {err:.3g} (limit {VERIFY_TOL}), or unwritten elements"
                 return Measurement.failed(why, msg, **{k: getattr(m, k) for k in ("source_hash", "compile_s",
                                                                                   "resources", "error")})
-            times = runner.time(self.warmup, self.SCREEN_REPS if screen else self.reps)
+            reps = self.SCREEN_REPS if screen else self.reps
+            if self.graphs:
+                if (why := _capture(runner)) is not None:
+                    return Measurement.failed("launch", why, source_hash=m.source_hash, compile_s=m.compile_s,
+                                              resources=m.resources)
+                times = runner.time_graphs(self.warmup, reps)
+            else:
+                times = runner.time(self.warmup, reps)
             if runner.error_flag():
                 return Measurement.failed("timeout", "a semaphore wait timed out while timing",
                                           source_hash=m.source_hash, compile_s=m.compile_s, resources=m.resources)
@@ -427,6 +445,7 @@ class GpuBackend(Backend):
                                               source_hash=m.source_hash, compile_s=m.compile_s, resources=m.resources)
             m.times_us = [round(t, 3) for t in times]
             m.median_us = round(median(times), 3)
+            m.graphs = self.graphs
             return m
         except cp.cuda.driver.CUDADriverError as exc:
             return Measurement.failed("launch", str(exc)[:500], source_hash=m.source_hash, compile_s=m.compile_s,
@@ -434,15 +453,16 @@ class GpuBackend(Backend):
 
 
 def compile_ahead(targets: Sequence[tuple[Chain, Config]], arch: str, cache_dir: str | None = None,
-                  jobs: int | None = None) -> Iterator[int]:
+                  jobs: int | None = None, device_epoch: bool = False) -> Iterator[int]:
     """Render and compile ``targets`` into the kernel cache over every core; yields each index as
-    its compile ends (a failure too: measuring it reports the compile error)."""
+    its compile ends (a failure too: measuring it reports the compile error). ``device_epoch``:
+    the sources that number their runs on the device, which a backend timing graphs runs."""
     from ..compile import compile_many, target_arch
 
     sources = []
     for i, (chain, cfg) in enumerate(targets):
         try:
-            sources.append((i, render(chain, cfg).source))
+            sources.append((i, render(chain, cfg, device_epoch=device_epoch).source))
         except Exception:  # a config the templates refuse fails in measure(), with its reason
             continue
     done = set()

@@ -130,6 +130,11 @@ class WorkerBackend(Backend):
         self.deadline_s = self.floor_s + 100 * runs * us * 1e-6
 
     @property
+    def graphs(self) -> bool:  # type: ignore[override]
+        """Whether the child times CUDA graph replays (its backend built with ``graphs=True``)."""
+        return bool(self.kwargs.get("graphs", False))
+
+    @property
     def screens(self) -> bool:
         return bool(getattr(_load(self.factory), "screens", False))
 
@@ -139,7 +144,7 @@ class WorkerBackend(Backend):
             return iter(range(len(targets)))
         from .gpu import compile_ahead  # noqa: PLC0415
 
-        return compile_ahead(targets, self.device_info().arch, self.kwargs.get("cache_dir"))
+        return compile_ahead(targets, self.device_info().arch, self.kwargs.get("cache_dir"), device_epoch=self.graphs)
 
     def time_rounds(self, chain: Chain, configs: Sequence[Config], rounds: int) -> dict[Config, list[float] | str]:
         """The child's interleaved final rounds (see GpuBackend.time_rounds); {} if it cannot answer."""
