@@ -154,3 +154,32 @@ def test_the_ring_one_slot_shorter_and_longer_than_the_fastest_probed_tilings_is
         for t in fastest[j]:
             near = [u for d in (-1, 1) if (u := replace(t, stages=t.stages + d)) in st.allowed[j]]
             assert near and all((j, u) in more or u in probed[j] for u in near)
+
+
+def test_right_after_the_fastest_pairing_the_chain_pass_swaps_in_each_near_instruction_under_its_best_sync():
+    """The fastest tiling alone is not always the fastest in the chain: another MMA instruction
+    within 10% alone gets its turn right after the fastest pairing, under the two sync choices
+    that served that pairing best, not after every pairing of the first instruction."""
+    chain, fs = feasible(64)
+    st = Staged()
+    st.start(SearchContext(chain, fs, H200, lambda c: check(chain, c) is None, 2000, stage_tilings=fs.tilings))
+    alone = {"wgmma_tma": 10.0, "wgmma_tma_t": 10.8}  # within 10%; the others are far behind
+    while (batch := st.propose(10_000)) and batch[0].phase != "chain pass":
+        st.observe(Outcome(p, alone.get(p.tiles.mma, 50.0) + i * 1e-3) for i, p in enumerate(batch))
+    best = tuple(st._top_tilings(j)[0] for j in range(2))
+    assert all(t.mma == "wgmma_tma" for t in best)
+    # The fastest pairing: serial kernels slowest, then PDL, tile-sync fastest.
+    rank = {"serial": 30.0, "pdl": 20.0}
+    st.observe(Outcome(p, rank.get(p.config.launch, 10.0) + i * 1e-3) for i, p in enumerate(batch))
+    served = sorted((o for o in batch if o.config.tiles == best), key=lambda p: rank.get(p.config.launch, 10.0))
+    swaps = st.propose(10_000)
+    transposed = [st.fastest(j, 1_000) for j in range(2)]
+    transposed = [next(t for t in ts if t.mma == "wgmma_tma_t") for ts in transposed]
+    expected = [best[:j] + (transposed[j],) + best[j + 1:] for j in range(2)]
+    got = [p.config for p in swaps[:2 * 2]]
+    assert [c.tiles for c in got] == [expected[0]] * 2 + [expected[1]] * 2
+    # Under the best two sync choices of the fastest pairing that the swapped pairing can run.
+    for c in got:
+        usable = [p.config.globals for p in served if st.ctx.usable(Config(c.tiles, *p.config.globals))]
+        assert c.globals in usable[:2]
+    assert all(p.phase == "chain pass" for p in swaps)

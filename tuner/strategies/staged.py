@@ -12,7 +12,12 @@
    depends on the sync choice, so this is where most of the budget goes.
 2. **Chain pass.** The fastest tilings of each stage, paired in the order of their summed
    stage times, under every sync choice (policy, order, dispatch, launch) the space holds
-   and the checker accepts.
+   and the checker accepts. Right after the fastest pairing, under the sync choices that served
+   it best: that pairing with one stage's tiling swapped for the fastest of another MMA
+   instruction that came within :data:`LIVE_KIND` of it alone. The fastest tiling alone is not
+   always the fastest in the chain (at LLaMA decode a 64-row TMA tile of the QKV projection was
+   faster alone and an 8-row transposed one faster in the chain), and the pairings by summed
+   time would reach the other instruction only after many of the first's.
 3. **Refinement.** A neighbourhood search around the best chains measured: one stage's
    tiling swapped for another fast one or for a tiling one field away, or another sync
    choice; candidates ranked by the parent's time corrected by the stage times measured
@@ -47,6 +52,7 @@ RING_TOP = 2  # fastest probed tilings per stage whose ring one slot shorter and
 # tokens it had two variants of the best shape timed that both missed the faster depth
 LIVE_KIND = 1.10  # an instruction whose probe's best is within this of the best probe gets more shapes
 TOP_PER_STAGE = 3  # fastest tilings per stage that the chain pass pairs
+ALT_COMBOS = 2  # sync choices, the best for the fastest pairing, under which its instruction swaps are tried
 CLUSTER_TOP = 3  # fastest tilings per stage tried again in clusters
 CLUSTERS = ((2, 1), (1, 2))
 PARENTS = 4  # best chains whose neighbours refinement tries
@@ -177,28 +183,50 @@ class Staged(Strategy):
     def _alone_us(self, j: int, t: StageTiles) -> float | None:
         return self.alone[j].get(t)
 
+    def _instruction_swaps(self, tiles: tuple[StageTiles, ...]) -> list[tuple[StageTiles, ...]]:
+        """``tiles`` with one stage's tiling swapped for the fastest tiling alone of each other MMA
+        instruction within :data:`LIVE_KIND` of that stage's tiling."""
+        out = []
+        for j, t in enumerate(tiles):
+            top = self._alone_us(j, t)
+            seen = {t.mma}
+            for u in self.fastest(j, len(self.alone[j])):
+                if u.mma not in seen:
+                    seen.add(u.mma)
+                    if top is not None and self.alone[j][u] <= top * LIVE_KIND:
+                        out.append(tiles[:j] + (u,) + tiles[j + 1:])
+        return out
+
     def _chain_pass(self):
         self._phase = "chain pass"
-        plan: list[Config] = []
+        planned: list[Config] = []
 
-        def add(c: Config) -> None:
-            if c not in plan and c not in self.times and self.ctx.usable(c):
-                plan.append(c)
+        def batch(configs: Iterable[Config]) -> list[Config]:
+            out: list[Config] = []
+            for c in configs:
+                if len(planned) + len(out) >= self.chain_cap:
+                    break
+                if c not in out and c not in planned and c not in self.times and self.ctx.usable(c):
+                    out.append(c)
+            planned.extend(out)
+            for c in out:
+                self.times[c] = None
+            return out
 
-        for c in opening(self.ctx):
-            add(c)
         tops = [self._top_tilings(j) for j in range(self.n)]
         pairings = sorted(itertools.product(*tops),
                           key=lambda ts: sum(self._alone_us(j, t) or 0.0 for j, t in enumerate(ts)))
         combos = core_combos(self.ctx.feasible.combos)
-        for tiles in pairings:
-            for combo in combos:
-                if len(plan) >= self.chain_cap:
-                    break
-                add(Config(tuple(tiles), *combo))
-        for c in plan:
-            self.times[c] = None
-        yield [Proposal(c, "chain pass") for c in plan]
+        best = tuple(pairings[0]) if pairings else None
+        first = batch([*opening(self.ctx), *(Config(best, *c) for c in combos if best is not None)])
+        yield [Proposal(c, "chain pass") for c in first]
+        if best is not None:
+            served = sorted(combos, key=lambda c: (self.times.get(Config(best, *c)) is None,
+                                                    self.times.get(Config(best, *c)) or 0.0))
+            swaps = batch(Config(alt, *c) for alt in self._instruction_swaps(best) for c in
+                          [c for c in served if self.ctx.usable(Config(alt, *c))][:ALT_COMBOS])
+            rest = batch(Config(tuple(tiles), *c) for tiles in pairings[1:] for c in combos)
+            yield [Proposal(c, "chain pass") for c in swaps + rest]
 
     def _neighbours(self, parent: Config) -> Iterable[Config]:
         for j, t in enumerate(parent.tiles):
