@@ -9,14 +9,15 @@ import pytest
 from tuner.cli import main
 from tuner.paths import home
 from tuner.report import collect_series, default_summaries, write_report
+from tuner.workloads import get_workload
 
 pytest.importorskip("matplotlib")
 
 
-def summary(tmp_path: Path, name: str, rows: list[dict]) -> Path:
+def summary(tmp_path: Path, name: str, rows: list[dict], graphs: bool = False) -> Path:
     p = tmp_path / name
     p.write_text(json.dumps({"kind": "tuner-bench", "workload": "gpt3", "device": {"name": "NVIDIA H200"},
-                             "rows": rows}))
+                             "rows": rows, "graphs": graphs}))
     return p
 
 
@@ -80,3 +81,17 @@ def test_a_workloads_default_summaries_are_its_own_even_where_a_name_starts_like
     assert gpt3 and attn
     assert all(json.loads(p.read_text())["workload"] == "gpt3" for p in gpt3)  # no gpt3-attn-*.bench.json
     assert {p.name for p in attn} >= {"gpt3-attn-decode.bench.json", "gpt3-attn-prompt.bench.json"}
+
+
+def test_a_row_timed_in_graphs_outranks_one_timed_as_launches_and_a_run_outranks_a_search(tmp_path):
+    """PyTorch's best is a graph: a row timed as launches must not hide one timed on equal terms,
+    whichever file comes later, and a search from scratch must not hide a bench run's row."""
+    graphed = summary(tmp_path, "a.bench.json", [row(320, 95.0)], graphs=True)
+    launched = summary(tmp_path, "b.bench.json", [row(320, 108.0), row(1, 50.0)])
+    series = collect_series("gpt3", [graphed, launched])
+    assert [(r["size"]["tokens"], r["tuned_us"]) for r in series[0].rows] == [(1, 50.0), (320, 95.0)]
+    shipped = default_summaries("llama")
+    searches = [i for i, p in enumerate(shipped) if p.parent.name == "search"]
+    assert searches and max(searches) < min(i for i, p in enumerate(shipped) if p.parent.name != "search")
+    (s,) = [s for s in collect_series("llama", shipped) if s.name == "hidden=8192,ffn=3584"]
+    assert s.sources[get_workload("llama").chain(tokens=320).label].endswith("llama-1-64-320.bench.json")

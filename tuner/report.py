@@ -34,12 +34,13 @@ class Series:
 
 
 def default_summaries(workload: str) -> list[Path]:
-    """The workload's summaries under ``studies/``: the main one, the others of its runs
-    (``<workload>-*.bench.json``), then the searches, each group in name order. A name's prefix
-    is not enough (``gpt3-attn-decode`` starts like a ``gpt3`` run): each file's own workload decides."""
+    """The workload's summaries under ``studies/``: the searches from scratch (``search/``), the
+    main one, then the others of its runs (``<workload>-*.bench.json``), each group in name order,
+    so that a bench run's row outranks a search experiment's. A name's prefix is not enough
+    (``gpt3-attn-decode`` starts like a ``gpt3`` run): each file's own workload decides."""
     root = home() / "studies"
-    found = [root / f"{workload}.bench.json", *sorted(root.glob(f"{workload}-*.bench.json")),
-             *sorted((root / "search").glob(f"{workload}-*.bench.json"))]
+    found = [*sorted((root / "search").glob(f"{workload}-*.bench.json")), root / f"{workload}.bench.json",
+             *sorted(root.glob(f"{workload}-*.bench.json"))]
     return [p for p in found if p.is_file() and _workload_of(p) in (workload, None)]
 
 
@@ -52,7 +53,9 @@ def _workload_of(path: Path) -> str | None:
 
 
 def collect_series(workload: str, paths: Sequence[Path]) -> list[Series]:
-    """Rows of the summaries grouped by model shape; a later file's row for the same size wins."""
+    """Rows of the summaries grouped by model shape. Of two rows for the same size, one timed in CUDA
+    graphs wins over one timed as launches (PyTorch's best is a graph: only then are the terms
+    equal), else the later file's."""
     wl = get_workload(workload)
     by_label: dict[str, tuple[dict[str, Any], str, str]] = {}
     for path in paths:
@@ -69,7 +72,9 @@ def collect_series(workload: str, paths: Sequence[Path]) -> list[Series]:
             if "size" not in row:  # summaries from before sizes were recorded: the sweep at default sizes
                 row = {**row, "size": {wl.sweep_param: row["tokens"], **wl.defaults}}
             row = {**row, "graphs": bool(doc.get("graphs"))}
-            by_label[row["label"]] = (row, str(path), doc.get("device", {}).get("name", "?"))
+            held = by_label.get(row["label"])
+            if held is None or row["graphs"] or not held[0]["graphs"]:
+                by_label[row["label"]] = (row, str(path), doc.get("device", {}).get("name", "?"))
     series: dict[str, Series] = {}
     for label, (row, path, device) in by_label.items():
         shape = {k: row["size"][k] for k in wl.params if k != wl.sweep_param and k in row["size"]}
