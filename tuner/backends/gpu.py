@@ -9,6 +9,7 @@ import functools
 import math
 import os
 import tempfile
+import threading
 from dataclasses import dataclass
 from statistics import median
 from typing import Any, Callable, Iterator, Sequence
@@ -139,7 +140,9 @@ class _DependentLaunch:
     """One kernel's dependent launch on one stream: its configuration and its parameter block
     (a slot per argument, and the array of their addresses the driver reads), built once; a
     launch only writes this run's values into the slots. Building them per launch through
-    cuda-bindings' argument marshalling costs more host time than a short kernel runs."""
+    cuda-bindings' argument marshalling costs more host time than a short kernel runs. The
+    instances are shared (cached by kernel, launch and stream), so a lock keeps two threads from
+    writing the slots between another's writes and its launch (the driver copies them at launch)."""
 
     def __init__(self, handle: int, l: Launch, stream_ptr: int, pointers: tuple[bool, ...]):
         import ctypes
@@ -161,12 +164,14 @@ class _DependentLaunch:
         self.slots = [ctypes.c_uint64() if p else ctypes.c_uint32() for p in pointers]
         self.block = (ctypes.c_void_p * len(self.slots))(*(ctypes.addressof(s) for s in self.slots))
         self.block_address = ctypes.addressof(self.block)
+        self.lock = threading.Lock()
 
     def __call__(self, values: Sequence[int]) -> None:
         """Launch with these argument values (device pointers and the epoch, as integers)."""
-        for slot, v in zip(self.slots, values):
-            slot.value = v
-        err, = self.cu.cuLaunchKernelEx(self.cfg, self.function, self.block_address, 0)
+        with self.lock:
+            for slot, v in zip(self.slots, values):
+                slot.value = v
+            err, = self.cu.cuLaunchKernelEx(self.cfg, self.function, self.block_address, 0)
         if err != self.cu.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuLaunchKernelEx({self.name}): {self.cu.cuGetErrorString(err)[1]}")
 
