@@ -24,8 +24,8 @@ class FakeRunner:
         self.name, self.log, self.flag, self.device_epoch = name, log, flag, device_epoch
         self.captured = False
 
-    def time(self, warmup, reps):
-        self.log.append(self.name)
+    def time(self, warmup, reps, hold=False):
+        self.log.append(self.name + (" held" if hold else ""))
         return [10.0 + len(self.log)] * reps
 
     def capture(self):
@@ -33,9 +33,9 @@ class FakeRunner:
             raise ValueError("a chain whose epoch is a kernel argument cannot be replayed from a graph")
         self.captured = True
 
-    def time_graphs(self, warmup, reps):
+    def time_graphs(self, warmup, reps, hold=False):
         assert self.captured
-        self.log.append(f"{self.name} graph")
+        self.log.append(f"{self.name} graph" + (" held" if hold else ""))
         return [9.0] * reps
 
     def error_flag(self):
@@ -97,7 +97,7 @@ def test_a_backend_timing_graphs_times_the_search_as_graph_replays_too(monkeypat
 
     monkeypatch.setattr(gpu, "_cp", lambda: types.SimpleNamespace(
         cuda=types.SimpleNamespace(driver=types.SimpleNamespace(CUDADriverError=RuntimeError))))
-    for graphs, timed in ((True, "stream graph"), (False, "stream")):
+    for graphs, timed in ((True, "stream graph held"), (False, "stream held")):
         log: list[str] = []
         fake = FakeBackend(log, graphs=graphs)
         fake.load = lambda chain, cfg, fault="none", device_epoch=False, fake=fake: (
@@ -112,6 +112,31 @@ def test_a_backend_timing_graphs_times_the_search_as_graph_replays_too(monkeypat
         finally:
             del FakeRunner.problem
         assert m.ok and log == [timed] and m.graphs is graphs and len(m.times_us) == FakeBackend.SCREEN_REPS
+
+
+def test_a_held_timing_queues_every_run_behind_one_hold_and_a_caller_timing_does_not(monkeypatch):
+    """The search's trials are timed behind a hold (the GPU's time, not the host's launch rate);
+    the final rounds time as a caller runs the chain, host included."""
+    import types
+
+    from tuner.backends import gpu
+
+    calls: list = []
+
+    class Event:
+        def record(self, stream):
+            calls.append("event")
+
+    fake = types.SimpleNamespace(uint64=int, cuda=types.SimpleNamespace(Event=Event, get_elapsed_time=lambda a, b: 0.01))
+    monkeypatch.setattr(gpu, "_cp", lambda: fake)
+    monkeypatch.setattr(gpu, "_hold_kernel", lambda: lambda grid, block, args, stream: calls.append(("hold", args[0])))
+    stream = types.SimpleNamespace(synchronize=lambda: None)
+    assert gpu._time_runs(lambda i: calls.append("run"), stream, 2, 3, hold=True) == [10.0] * 3
+    assert calls[0] == ("hold", gpu.hold_ns(5)) and calls.count("run") == 5 and ("hold", gpu.hold_ns(5)) not in calls[1:]
+    calls.clear()
+    gpu._time_runs(lambda i: calls.append("run"), stream, 2, 3)
+    assert not [c for c in calls if isinstance(c, tuple)]
+    assert gpu.hold_ns(10) == 10 * gpu.HOLD_NS_PER_RUN and gpu.hold_ns(10**6) == gpu.HOLD_MAX_NS
 
 
 def test_the_three_fastest_of_each_kind_go_to_the_final_rounds_and_the_rounds_pick():

@@ -250,18 +250,20 @@ class Runner:
             self.enqueue(s)
             self.graphs.append(s0.end_capture())
 
-    def time_graphs(self, warmup: int, reps: int) -> list[float]:
-        """Per-run times in µs of graph replays, each bracketed by events, back to back."""
+    def time_graphs(self, warmup: int, reps: int, hold: bool = False) -> list[float]:
+        """Per-run times in µs of graph replays, each bracketed by events, back to back (behind a
+        hold: see :func:`_time_runs`)."""
         s0 = self.streams[0]
-        return _time_runs(lambda i: self.graphs[i % len(self.graphs)].launch(s0), s0, warmup, reps)
+        return _time_runs(lambda i: self.graphs[i % len(self.graphs)].launch(s0), s0, warmup, reps, hold)
 
     def error_flag(self) -> int:
         return int(self.state[self.r.err_word].get())
 
-    def time(self, warmup: int, reps: int) -> list[float]:
-        """Per-run times in µs, each run bracketed by events; runs are queued back to back."""
+    def time(self, warmup: int, reps: int, hold: bool = False) -> list[float]:
+        """Per-run times in µs, each run bracketed by events; runs are queued back to back (behind
+        a hold: see :func:`_time_runs`)."""
         sets = len(self.problem.xs)
-        return _time_runs(lambda i: self.enqueue(i % sets), self.streams[0], warmup, reps)
+        return _time_runs(lambda i: self.enqueue(i % sets), self.streams[0], warmup, reps, hold)
 
 
 def _capture(runner: Runner) -> str | None:
@@ -273,10 +275,43 @@ def _capture(runner: Runner) -> str | None:
     return None
 
 
-def _time_runs(run: Callable[[int], Any], stream: Any, warmup: int, reps: int) -> list[float]:
+# A hold long enough for the host to queue a run of a few kernels and its two events (Python
+# calls of tens of µs each) ahead of the GPU, capped for long series.
+HOLD_NS_PER_RUN = 60_000
+HOLD_MAX_NS = 20_000_000
+_HOLD_SRC = r"""
+extern "C" __global__ void tuner_hold(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+"""
+
+
+def hold_ns(runs: int) -> int:
+    """How long a hold keeps the stream back for ``runs`` queued runs."""
+    return min(HOLD_MAX_NS, HOLD_NS_PER_RUN * runs)
+
+
+@functools.lru_cache(maxsize=1)
+def _hold_kernel() -> Any:
+    return _cp().RawKernel(_HOLD_SRC, "tuner_hold")
+
+
+def _time_runs(run: Callable[[int], Any], stream: Any, warmup: int, reps: int, hold: bool = False) -> list[float]:
     """``run(i)`` for i below ``warmup``, then again for i below ``reps``, each timed between two
-    events on ``stream``, all queued back to back; µs per timed run."""
+    events on ``stream``, all queued back to back; µs per timed run.
+
+    With ``hold`` a one-warp kernel first keeps the stream busy while the host queues every run,
+    so that the events time what the GPU does: without it a run of short kernels that the host
+    launches more slowly than the GPU runs them waits for the host between kernels, and its time
+    is the host's (a search ranks configs by their kernels; a caller's own time, host included,
+    is what the final rounds measure)."""
     cp = _cp()
+    if hold:
+        _hold_kernel()((1,), (32,), (cp.uint64(hold_ns(warmup + reps)),), stream=stream)
     for i in range(warmup):
         run(i)
     evs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
@@ -435,9 +470,9 @@ class GpuBackend(Backend):
                 if (why := _capture(runner)) is not None:
                     return Measurement.failed("launch", why, source_hash=m.source_hash, compile_s=m.compile_s,
                                               resources=m.resources)
-                times = runner.time_graphs(self.warmup, reps)
+                times = runner.time_graphs(self.warmup, reps, hold=True)
             else:
-                times = runner.time(self.warmup, reps)
+                times = runner.time(self.warmup, reps, hold=True)
             if runner.error_flag():
                 return Measurement.failed("timeout", "a semaphore wait timed out while timing",
                                           source_hash=m.source_hash, compile_s=m.compile_s, resources=m.resources)
