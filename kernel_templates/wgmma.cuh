@@ -263,6 +263,8 @@ struct TileTMAT : TmaFeed<BM_, BN_, BK_, A_ROWS_, CM_, CN_, WN_ * 128> {
 // copy (after `wait_one(kc, first)` for the A operand of chunk kc, so the MMA warps never stop
 // for a producer tile they are not yet reading), the MMA warps only wait for full slots and
 // hand each slot back once the MMAs reading it have retired. No block-wide barrier in the loop.
+// The B slabs (weights, which no stage writes) of the whole ring go out before the first wait,
+// so they stream in while the block waits for its A rows; before, one slab was in flight then.
 //
 // In a cluster, the block of rank (rm, 0) fetches A for its row of blocks and the block of rank
 // (0, rn) fetches B for its column, each multicast to all of them; every block still expects
@@ -305,10 +307,10 @@ __device__ __forceinline__ void mainloop_tma(float (&acc)[T::MI][T::NI][4], cons
       for (int j = 0; j < T::CN; ++j) a_mask |= (unsigned short)(1u << (rm + j * T::CM));
 #pragma unroll
       for (int i = 0; i < T::CM; ++i) b_mask |= (unsigned short)(1u << (i + rn * T::CM));
-      for (int it = 0; it < nk; ++it) {
+      // A slot's full barrier expects all its bytes (A and B) at once; B may land long before A.
+      auto load_b = [&](int it) {
         const int kc = kc_begin + it, slot = it % T::STAGES;
         const u32 bar = full + slot * 8;
-        if (it >= T::STAGES) mbar_wait<(T::CLUSTER > 1)>(empty + slot * 8, ((it / T::STAGES) - 1) & 1, err);
         mbar_expect_tx(bar, T::TX_BYTES);
         if (rm == 0) {
 #pragma unroll
@@ -317,6 +319,15 @@ __device__ __forceinline__ void mainloop_tma(float (&acc)[T::MI][T::NI][4], cons
             if constexpr (T::CM > 1) tma_load_2d_multicast<B_ONCE>(dst, mapB, bar, kc * T::BK + atom * 64, n0, b_mask);
             else tma_load_2d<B_ONCE>(dst, mapB, bar, kc * T::BK + atom * 64, n0);
           }
+        }
+      };
+      for (int it = 0; it < nk && it < T::STAGES; ++it) load_b(it);  // fresh slots: no empty wait
+      for (int it = 0; it < nk; ++it) {
+        const int kc = kc_begin + it, slot = it % T::STAGES;
+        const u32 bar = full + slot * 8;
+        if (it >= T::STAGES) {
+          mbar_wait<(T::CLUSTER > 1)>(empty + slot * 8, ((it / T::STAGES) - 1) & 1, err);
+          load_b(it);
         }
         if (rn == 0) {
           wait_one(kc, it == 0);  // ends with fence.proxy.async.global where it waited
