@@ -161,9 +161,26 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
   half_t* sK = smem + T::Q_ELEMS;
   half_t* sV = sK + T::STAGES * T::KV_ELEMS;
 
+  // Chunk it's keys and values from the cache (FROM_CACHE) or from the new tokens (the producer's).
+  auto copy_kv = [&](int it, bool from_cache) {
+    const int kc = kc_begin + it, slot = it % T::STAGES;
+    for (int i = threadIdx.x; i < 2 * T::BK * CPR; i += T::THREADS) {
+      const int part = i / (T::BK * CPR), r = i / CPR % T::BK, c = (i % CPR) * 8, key = kc * T::BK + r;
+      if ((key < CACHE) != from_cache) continue;
+      bool ok;
+      const half_t* src = kv_row<TOKENS, CACHE, QKVW, D>(qkv, cache, kvh, kv_col, part, key, last_key, ok);
+      cp_async16((part ? sV : sK) + slot * T::KV_ELEMS + r * T::LDS + c, ok ? src + c : src, ok);
+    }
+  };
+  // The cache depends on no stage: the prologue's chunks copy their cache rows before any wait
+  // (into the first group, which the first chunk waits for anyway), so under tile-level sync or a
+  // dependent launch they stream in while the QKV projection still runs.
+  constexpr int PRO = T::STAGES - 1;
+  if constexpr (CACHE > 0)
+    for (int it = 0; it < PRO && it < nk; ++it) copy_kv(it, true);
   auto issue = [&](int it) {
     if (it < nk) {
-      const int kc = kc_begin + it, slot = it % T::STAGES;
+      const int kc = kc_begin + it;
       wait(kc, it == 0);
       if (it == 0) {
         for (int i = threadIdx.x; i < T::BM * CPR; i += T::THREADS) {
@@ -172,18 +189,14 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
           cp_async16(sQ + r * T::LDS + c, qkv + (size_t)min(tok, TOKENS - 1) * QKVW + q_col + c, tok < TOKENS);
         }
       }
-      for (int i = threadIdx.x; i < 2 * T::BK * CPR; i += T::THREADS) {
-        const int part = i / (T::BK * CPR), r = i / CPR % T::BK, c = (i % CPR) * 8;
-        bool ok;
-        const half_t* src = kv_row<TOKENS, CACHE, QKVW, D>(qkv, cache, kvh, kv_col, part, kc * T::BK + r, last_key, ok);
-        cp_async16((part ? sV : sK) + slot * T::KV_ELEMS + r * T::LDS + c, ok ? src + c : src, ok);
-      }
+      if (CACHE > 0 && it >= PRO) copy_kv(it, true);
+      copy_kv(it, false);
     }
     cp_async_commit();  // an empty group past the end keeps the wait_group count uniform
   };
 
 #pragma unroll
-  for (int it = 0; it < T::STAGES - 1; ++it) issue(it);
+  for (int it = 0; it < PRO; ++it) issue(it);
 
   u32 qf[T::DK][4];
   const int q_row0 = m0 + wrow * 16 + lane / 4;  // this thread's first query; the second is 8 further

@@ -17,16 +17,21 @@ def test_a_fused_config_is_one_launch_and_a_two_stream_config_has_a_guard():
     assert [l.kernel for l in by_launch["two_stream"].launches] == ["stage0_kernel", "guard1_kernel", "stage1_kernel"]
 
 
-def test_a_pdl_chain_waits_in_every_kernel_but_the_first_and_lets_every_one_but_the_last_start_the_next():
+def test_a_pdl_chain_waits_in_every_stage_but_the_first_at_its_first_copy_and_lets_all_but_the_last_start_the_next():
     chain = get_workload("llama-attn").chain(tokens=1)
     for cfg in (c for c in coverage(chain) if c.launch == "pdl"):
         r = render(chain, cfg)
         assert [(l.kernel, l.pdl, l.stream) for l in r.launches] == [
             ("stage0_kernel", False, 0), ("stage1_kernel", True, 0), ("stage2_kernel", True, 0)]
+        tiles = r.source.split("void stage0_tile(")[1].split("_kernel(")[0].split("void stage")
         kernels = r.source.split("stage0_kernel(")[1].split("_kernel(")
-        waits = [k.count("griddepcontrol.wait") for k in kernels]
+        # The wait is in the tile, on its first chunk (the copies that depend on no stage go first),
+        # never at a kernel's entry.
+        waits = [t.count("griddepcontrol.wait;") for t in tiles]
+        assert waits == [0, 1, 1] and all("if (first_chunk)" in t for t in tiles[1:]), waits
+        assert [k.count("griddepcontrol.wait;") for k in kernels] == [0, 0, 0]
         starts = [k.count("griddepcontrol.launch_dependents") for k in kernels]
-        assert waits == [0, 1, 1] and starts == [1, 1, 0], (waits, starts)
+        assert starts == [1, 1, 0], starts
         assert "griddepcontrol" not in render(chain, replace(cfg, launch="serial")).source
 
 

@@ -137,8 +137,8 @@ DISPATCHES = ("block", "ticket")
 #   scheduled once every block of the kernel before it has started, and its blocks wait
 #   (griddepcontrol.wait) until that kernel has finished and its writes are visible; so the
 #   next stage's launch and block scheduling overlap the previous stage's tail (stream policy).
-#   In a TMA-fed stage only the thread that copies A waits, after the weights of its first
-#   ring slots are on their way.
+#   A thread waits just before it first copies from the previous stage's output, so the copies
+#   that depend on no stage (the weights of a TMA-fed stage's ring, a KV cache) go first.
 # two_stream: producer and consumer on two streams; a one-block guard kernel holds the
 #   consumer back until every producer block has started, so spinning consumers can
 #   never keep a producer tile off the GPU.
