@@ -55,13 +55,31 @@ __device__ __noinline__ bool tuner_spin_until(const u32* p, u32 target, u32* err
   }
 }
 
-// Called by every thread of the block after its tile's global stores.
-__device__ __forceinline__ void tuner_post(u32* p) {
-  __syncthreads();
+// After the barrier that follows a tile's global stores: thread 0 makes them visible at GPU
+// scope, then counts the post.
+__device__ __forceinline__ void tuner_signal(u32* p) {
   if (threadIdx.x == 0) {
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
     asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
   }
+}
+
+// Called by every thread of the block after its tile's global stores.
+__device__ __forceinline__ void tuner_post(u32* p) {
+  __syncthreads();
+  tuner_signal(p);
+}
+
+// A barrier of the block's first `threads` threads (named barrier 1), for a tile whose other
+// threads have left it (a producer warpgroup that gave its registers up).
+__device__ __forceinline__ void tuner_bar_sync(int threads) {
+  asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
+}
+
+// tuner_post, called by the block's first `threads` threads only.
+__device__ __forceinline__ void tuner_post_among(u32* p, int threads) {
+  tuner_bar_sync(threads);
+  tuner_signal(p);
 }
 
 // A ticket counted from 0 in every run: the counter gains `per_run` tickets per run.

@@ -219,21 +219,32 @@ __device__ __forceinline__ void cluster_sync() {
 // What the TMA feed adds to a tile, whichever way its MMAs run. A_ROWS: rows of A each stage
 // requests, fewer than BM when the whole matrix has fewer rows (rows past it only feed outputs
 // that are never stored, and a box far past the edge is slow). CM x CN: the cluster of blocks
-// sharing copies; rank r computes tile (r % CM, r / CM) of it.
-template <int BM_, int BN_, int BK_, int A_ROWS_, int CM_, int CN_, int MMA_THREADS_>
+// sharing copies; rank r computes tile (r % CM, r / CM) of it. PRODUCER_REGS > 0: the block
+// reallocates registers (setmaxnreg): its producer is a whole warpgroup that keeps PRODUCER_REGS
+// per thread and leaves the tile after its copies, the MMA warpgroups take CONSUMER_REGS.
+template <int BM_, int BN_, int BK_, int A_ROWS_, int CM_, int CN_, int MMA_THREADS_, int PRODUCER_REGS_ = 0,
+          int CONSUMER_REGS_ = 0>
 struct TmaFeed {
   static constexpr int A_ROWS = A_ROWS_;
   static constexpr int CM = CM_, CN = CN_, CLUSTER = CM_ * CN_;
   static constexpr int MMA_THREADS = MMA_THREADS_;
-  static constexpr int THREADS = MMA_THREADS + 32;  // + one producer warp that only issues copies
+  static constexpr bool REALLOC = PRODUCER_REGS_ > 0;
+  static constexpr int PRODUCER_REGS = PRODUCER_REGS_, CONSUMER_REGS = CONSUMER_REGS_;
+  // + one producer warp that only issues copies (a whole warpgroup where registers move)
+  static constexpr int THREADS = MMA_THREADS + (REALLOC ? 128 : 32);
   static constexpr int TX_BYTES = (A_ROWS + BN_) * BK_ * 2;
   static_assert(A_ROWS % 8 == 0 && A_ROWS <= BM_, "whole 8-row swizzle groups of A");
   static_assert(CLUSTER >= 1 && CLUSTER <= 8, "a portable cluster has at most 8 blocks");
+  static_assert(!REALLOC || (PRODUCER_REGS % 8 == 0 && CONSUMER_REGS % 8 == 0 && PRODUCER_REGS >= 24 &&
+                             CONSUMER_REGS <= 256 && PRODUCER_REGS * 128 + CONSUMER_REGS * MMA_THREADS <= 65536),
+                "setmaxnreg counts are multiples of 8 in [24, 256] that the register file holds");
 };
 
-template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int A_ROWS_, int CM_, int CN_>
-struct TileTMA : TileWG<BM_, BN_, BK_, WM_, WN_, STAGES_>, TmaFeed<BM_, BN_, BK_, A_ROWS_, CM_, CN_, WM_ * WN_ * 128> {
-  using Feed = TmaFeed<BM_, BN_, BK_, A_ROWS_, CM_, CN_, WM_ * WN_ * 128>;
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int A_ROWS_, int CM_, int CN_, int PRODUCER_REGS_ = 0,
+          int CONSUMER_REGS_ = 0>
+struct TileTMA : TileWG<BM_, BN_, BK_, WM_, WN_, STAGES_>,
+                 TmaFeed<BM_, BN_, BK_, A_ROWS_, CM_, CN_, WM_ * WN_ * 128, PRODUCER_REGS_, CONSUMER_REGS_> {
+  using Feed = TmaFeed<BM_, BN_, BK_, A_ROWS_, CM_, CN_, WM_ * WN_ * 128, PRODUCER_REGS_, CONSUMER_REGS_>;
   static constexpr bool TRANS = false;
   using Feed::MMA_THREADS;  // the feed's thread counts, not the cp.async tile's
   using Feed::THREADS;
@@ -246,8 +257,9 @@ struct TileTMA : TileWG<BM_, BN_, BK_, WM_, WN_, STAGES_>, TmaFeed<BM_, BN_, BK_
 // 64 (two tiles of 160 cover M = 320). The same ring, copies and barriers as TileTMA. Fragment j
 // of a thread holds tile rows 8j + 2 (lane % 4) + {0, 1} at columns 64w + 16 (warp % 4) + lane / 4
 // + {0, 8}; the template's transposed epilogue parks them in shared memory to store whole rows.
-template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int A_ROWS_, int CM_, int CN_>
-struct TileTMAT : TmaFeed<BM_, BN_, BK_, A_ROWS_, CM_, CN_, WN_ * 128> {
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int A_ROWS_, int CM_, int CN_, int PRODUCER_REGS_ = 0,
+          int CONSUMER_REGS_ = 0>
+struct TileTMAT : TmaFeed<BM_, BN_, BK_, A_ROWS_, CM_, CN_, WN_ * 128, PRODUCER_REGS_, CONSUMER_REGS_> {
   static constexpr bool TRANS = true;
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
   static constexpr int MI = 1, NI = BM / 8;
@@ -259,10 +271,117 @@ struct TileTMAT : TmaFeed<BM_, BN_, BK_, A_ROWS_, CM_, CN_, WN_ * 128> {
   static_assert(STAGES >= 3, "one ring slot stays under the MMAs in flight");
 };
 
-// Same contract as mainloop_wg(), warp-specialized: the last warp's first lane issues every
-// copy (after `wait_one(kc, first)` for the A operand of chunk kc, so the MMA warps never stop
-// for a producer tile they are not yet reading), the MMA warps only wait for full slots and
-// hand each slot back once the MMAs reading it have retired. No block-wide barrier in the loop.
+// The ring in shared memory (aligned to 1024 bytes for the swizzle): A and B slabs, then a full
+// and an empty mbarrier per slot.
+template <class T>
+struct TmaRing {
+  u32 sA, sB, full, empty;
+  __device__ explicit TmaRing(half_t* smem_in) {
+    const unsigned char* smem = reinterpret_cast<unsigned char*>(((size_t)smem_in + 1023) & ~(size_t)1023);
+    sA = smem_u32(smem);
+    sB = sA + T::STAGES * T::A_BYTES;
+    full = sB + T::STAGES * T::B_BYTES;
+    empty = full + T::STAGES * 8;
+  }
+  // Every thread of the block: thread 0 sets the barriers up, and no copy or arrive (from any
+  // block of the cluster) reaches one before.
+  __device__ void init() const {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < T::STAGES; ++s) {
+        mbar_init(full + s * 8, 1);
+        mbar_init(empty + s * 8, T::CLUSTER * (T::MMA_THREADS / 32));
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    if constexpr (T::CLUSTER > 1) cluster_sync();
+    else __syncthreads();
+  }
+};
+
+// The producer warp (warpgroup where registers move): its first thread issues every copy.
+template <class T, bool B_ONCE, class WaitOne>
+__device__ __forceinline__ void tma_produce(const TmaRing<T>& r, const void* mapA, const void* mapB, int m0, int n0,
+                                            int kc_begin, int kc_end, u32* err, WaitOne wait_one) {
+  if constexpr (T::REALLOC) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(T::PRODUCER_REGS));
+  if (threadIdx.x != T::MMA_THREADS) return;
+  const int nk = kc_end - kc_begin;
+  const u32 rank = T::CLUSTER > 1 ? cluster_rank() : 0u, rm = rank % T::CM, rn = rank / T::CM;
+  unsigned short a_mask = 0, b_mask = 0;  // blocks sharing this block's A rows / B columns
+#pragma unroll
+  for (int j = 0; j < T::CN; ++j) a_mask |= (unsigned short)(1u << (rm + j * T::CM));
+#pragma unroll
+  for (int i = 0; i < T::CM; ++i) b_mask |= (unsigned short)(1u << (i + rn * T::CM));
+  // A slot's full barrier expects all its bytes (A and B) at once; B may land long before A.
+  auto load_b = [&](int it) {
+    const int kc = kc_begin + it, slot = it % T::STAGES;
+    const u32 bar = r.full + slot * 8;
+    mbar_expect_tx(bar, T::TX_BYTES);
+    if (rm == 0) {
+#pragma unroll
+      for (int atom = 0; atom < T::ATOMS; ++atom) {
+        const u32 dst = r.sB + slot * T::B_BYTES + atom * T::BN * 128;
+        if constexpr (T::CM > 1) tma_load_2d_multicast<B_ONCE>(dst, mapB, bar, kc * T::BK + atom * 64, n0, b_mask);
+        else tma_load_2d<B_ONCE>(dst, mapB, bar, kc * T::BK + atom * 64, n0);
+      }
+    }
+  };
+  for (int it = 0; it < nk && it < T::STAGES; ++it) load_b(it);  // fresh slots: no empty wait
+  for (int it = 0; it < nk; ++it) {
+    const int kc = kc_begin + it, slot = it % T::STAGES;
+    const u32 bar = r.full + slot * 8;
+    if (it >= T::STAGES) {
+      mbar_wait<(T::CLUSTER > 1)>(r.empty + slot * 8, ((it / T::STAGES) - 1) & 1, err);
+      load_b(it);
+    }
+    if (rn == 0) {
+      wait_one(kc, it == 0);  // ends with fence.proxy.async.global where it waited
+#pragma unroll
+      for (int atom = 0; atom < T::ATOMS; ++atom) {
+        const u32 dst = r.sA + slot * T::A_BYTES + atom * T::BM * 128;
+        if constexpr (T::CN > 1) tma_load_2d_multicast(dst, mapA, bar, kc * T::BK + atom * 64, m0, a_mask);
+        else tma_load_2d(dst, mapA, bar, kc * T::BK + atom * 64, m0);
+      }
+    }
+  }
+}
+
+// The MMA warps: they only wait for full slots and hand each slot back once the MMAs reading it
+// have retired. No block-wide barrier in the loop.
+template <class T>
+__device__ __forceinline__ void tma_consume(float (&acc)[T::MI][T::NI][4], const TmaRing<T>& r, int kc_begin,
+                                            int kc_end, u32* err) {
+  if constexpr (T::REALLOC) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(T::CONSUMER_REGS));
+#pragma unroll
+  for (int j = 0; j < T::NI; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[0][j][e] = 0.f;
+  const int nk = kc_end - kc_begin, wg = threadIdx.x / 128;
+  for (int it = 0; it < nk; ++it) {
+    const int slot = it % T::STAGES;
+    mbar_wait(r.full + slot * 8, (it / T::STAGES) & 1, err);
+    const u32 a = r.sA + slot * T::A_BYTES, b = r.sB + slot * T::B_BYTES;
+    if constexpr (T::TRANS)  // this warpgroup's 64 rows of B, all rows of A
+      wgmma_slot<T>(acc[0], b + wg * 64 * 128, T::BN * 128, a, T::BM * 128);
+    else
+      wgmma_slot<T>(acc[0], a + (wg / T::WN) * 64 * 128, T::BM * 128, b + (wg % T::WN) * T::WGN * 128, T::BN * 128);
+    wgmma_wait<1>();  // the MMAs of iteration it-1 have retired: their slot goes back to the producers
+    if (it > 0) {  // one arrival per warp and block: lane r arrives in the block of rank r
+      const u32 bar = r.empty + ((it - 1) % T::STAGES) * 8, lane = threadIdx.x % 32;
+      __syncwarp();
+      if constexpr (T::CLUSTER > 1) {
+        if (lane < T::CLUSTER) mbar_arrive_cluster(bar, lane);
+      } else if (lane == 0) {
+        mbar_arrive(bar);
+      }
+    }
+  }
+  wgmma_wait<0>();
+}
+
+// Same contract as mainloop_wg(), warp-specialized (tma_produce, tma_consume): the last warp's
+// first lane issues every copy (after `wait_one(kc, first)` for the A operand of chunk kc, so the
+// MMA warps never stop for a producer tile they are not yet reading), the MMA warps only wait for
+// full slots and hand each slot back once the MMAs reading it have retired.
 // The B slabs (weights, which no stage writes) of the whole ring go out before the first wait,
 // so they stream in while the block waits for its A rows; before, one slab was in flight then.
 //
@@ -278,91 +397,11 @@ template <class T, bool B_ONCE, class WaitOne>
 __device__ __forceinline__ void mainloop_tma(float (&acc)[T::MI][T::NI][4], const void* mapA, const void* mapB,
                                              int m0, int n0, int kc_begin, int kc_end, half_t* smem_in,
                                              u32* err, WaitOne wait_one) {
-  unsigned char* smem = reinterpret_cast<unsigned char*>(((size_t)smem_in + 1023) & ~(size_t)1023);
-  const u32 sA = smem_u32(smem), sB = sA + T::STAGES * T::A_BYTES;
-  const u32 full = sB + T::STAGES * T::B_BYTES, empty = full + T::STAGES * 8;
-  const int nk = kc_end - kc_begin;
-  constexpr int MMA_WARPS = T::MMA_THREADS / 32;
-
-#pragma unroll
-  for (int j = 0; j < T::NI; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[0][j][e] = 0.f;
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < T::STAGES; ++s) {
-      mbar_init(full + s * 8, 1);
-      mbar_init(empty + s * 8, T::CLUSTER * MMA_WARPS);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  if constexpr (T::CLUSTER > 1) cluster_sync();  // no copy or arrive reaches a barrier before its init
-  else __syncthreads();
-
-  if (threadIdx.x >= T::MMA_THREADS) {
-    if (threadIdx.x == T::MMA_THREADS) {
-      const u32 rank = T::CLUSTER > 1 ? cluster_rank() : 0u, rm = rank % T::CM, rn = rank / T::CM;
-      unsigned short a_mask = 0, b_mask = 0;  // blocks sharing this block's A rows / B columns
-#pragma unroll
-      for (int j = 0; j < T::CN; ++j) a_mask |= (unsigned short)(1u << (rm + j * T::CM));
-#pragma unroll
-      for (int i = 0; i < T::CM; ++i) b_mask |= (unsigned short)(1u << (i + rn * T::CM));
-      // A slot's full barrier expects all its bytes (A and B) at once; B may land long before A.
-      auto load_b = [&](int it) {
-        const int kc = kc_begin + it, slot = it % T::STAGES;
-        const u32 bar = full + slot * 8;
-        mbar_expect_tx(bar, T::TX_BYTES);
-        if (rm == 0) {
-#pragma unroll
-          for (int atom = 0; atom < T::ATOMS; ++atom) {
-            const u32 dst = sB + slot * T::B_BYTES + atom * T::BN * 128;
-            if constexpr (T::CM > 1) tma_load_2d_multicast<B_ONCE>(dst, mapB, bar, kc * T::BK + atom * 64, n0, b_mask);
-            else tma_load_2d<B_ONCE>(dst, mapB, bar, kc * T::BK + atom * 64, n0);
-          }
-        }
-      };
-      for (int it = 0; it < nk && it < T::STAGES; ++it) load_b(it);  // fresh slots: no empty wait
-      for (int it = 0; it < nk; ++it) {
-        const int kc = kc_begin + it, slot = it % T::STAGES;
-        const u32 bar = full + slot * 8;
-        if (it >= T::STAGES) {
-          mbar_wait<(T::CLUSTER > 1)>(empty + slot * 8, ((it / T::STAGES) - 1) & 1, err);
-          load_b(it);
-        }
-        if (rn == 0) {
-          wait_one(kc, it == 0);  // ends with fence.proxy.async.global where it waited
-#pragma unroll
-          for (int atom = 0; atom < T::ATOMS; ++atom) {
-            const u32 dst = sA + slot * T::A_BYTES + atom * T::BM * 128;
-            if constexpr (T::CN > 1) tma_load_2d_multicast(dst, mapA, bar, kc * T::BK + atom * 64, m0, a_mask);
-            else tma_load_2d(dst, mapA, bar, kc * T::BK + atom * 64, m0);
-          }
-        }
-      }
-    }
-  } else {
-    const int wg = threadIdx.x / 128;
-    for (int it = 0; it < nk; ++it) {
-      const int slot = it % T::STAGES;
-      mbar_wait(full + slot * 8, (it / T::STAGES) & 1, err);
-      const u32 a = sA + slot * T::A_BYTES, b = sB + slot * T::B_BYTES;
-      if constexpr (T::TRANS)  // this warpgroup's 64 rows of B, all rows of A
-        wgmma_slot<T>(acc[0], b + wg * 64 * 128, T::BN * 128, a, T::BM * 128);
-      else
-        wgmma_slot<T>(acc[0], a + (wg / T::WN) * 64 * 128, T::BM * 128, b + (wg % T::WN) * T::WGN * 128, T::BN * 128);
-      wgmma_wait<1>();  // the MMAs of iteration it-1 have retired: their slot goes back to the producers
-      if (it > 0) {  // one arrival per warp and block: lane r arrives in the block of rank r
-        const u32 bar = empty + ((it - 1) % T::STAGES) * 8, lane = threadIdx.x % 32;
-        __syncwarp();
-        if constexpr (T::CLUSTER > 1) {
-          if (lane < T::CLUSTER) mbar_arrive_cluster(bar, lane);
-        } else if (lane == 0) {
-          mbar_arrive(bar);
-        }
-      }
-    }
-    wgmma_wait<0>();
-  }
+  static_assert(!T::REALLOC, "a tile that moves registers runs its producer and MMA warps apart (tile_gemm.j2)");
+  const TmaRing<T> ring(smem_in);
+  ring.init();
+  if (threadIdx.x >= T::MMA_THREADS) tma_produce<T, B_ONCE>(ring, mapA, mapB, m0, n0, kc_begin, kc_end, err, wait_one);
+  else tma_consume<T>(acc, ring, kc_begin, kc_end, err);
   // The ring may be reused by the caller, and (in a cluster) no block may leave while a peer
   // still multicasts into it or arrives on its barriers.
   if constexpr (T::CLUSTER > 1) cluster_sync();

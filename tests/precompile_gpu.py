@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tqdm import tqdm  # noqa: E402
 
 import test_gpu as cases  # noqa: E402
-from tuner.cases import clustered, coverage  # noqa: E402
+from tuner.cases import clustered, coverage, reallocated  # noqa: E402
 from tuner.compile import compile_many, target_arch  # noqa: E402
 from tuner.render import render  # noqa: E402
 from tuner.workloads import get_workload  # noqa: E402
@@ -37,6 +37,8 @@ def sources() -> dict[str, str]:
         rendered += [render(chain("gpt3", size), c) for c in clustered(chain("gpt3", size))]
     odd = chain("gpt3", cases.ODD)
     rendered += [render(odd, c, device_epoch=True) for mma in cases.MMAS for c in coverage(odd, mma)]
+    for workload, size in cases.REALLOC_CASES:
+        rendered += [render(chain(workload, size), c) for c in reallocated(chain(workload, size))]
     graphed = chain("gpt3", dict(tokens=64))  # a backend timing graphs
     rendered += [render(graphed, c, device_epoch=True) for c in coverage(graphed, "wgmma_tma")]
     for workload, size, mma in cases.CONV_CASES:

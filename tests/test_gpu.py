@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.cases import clustered, combos, coverage
+from tuner.cases import clustered, combos, coverage, reallocated
 from tuner.workloads import get_workload
 
 pytestmark = pytest.mark.gpu
@@ -68,6 +68,20 @@ def test_a_backend_timing_graphs_verifies_and_times_every_launch_mode_from_graph
         assert m.ok and m.graphs and len(m.times_us) == b.SCREEN_REPS
     finally:
         b.close()
+
+
+# Tiles of two MMA warpgroups that take their producer warpgroup's registers (setmaxnreg).
+REALLOC_CASES = [("gpt3", ODD), ("llama", dict(tokens=1000, hidden=1032, ffn=776))]
+
+
+@pytest.mark.parametrize("workload,size", REALLOC_CASES,
+                         ids=lambda s: s if isinstance(s, str) else ",".join(f"{k}={v}" for k, v in s.items()))
+def test_tiles_that_move_registers_between_warpgroups_are_correct(backend, workload, size):
+    chain = get_workload(workload).chain(**size)
+    cfgs = reallocated(chain)
+    assert cfgs
+    failures = failures_of(backend, chain, cfgs)
+    assert not failures, "\n".join(failures)
 
 
 @pytest.mark.parametrize("mma", MMAS)

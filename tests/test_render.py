@@ -3,8 +3,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from tuner.backends.base import DeviceInfo
 from tuner.cases import clustered, coverage
+from tuner.config import Config, StageTiles
+from tuner.paths import home
 from tuner.render import render
 from tuner.workloads import get_workload
 
@@ -57,7 +61,6 @@ def test_a_clustered_stage_kernel_declares_its_cluster_and_the_launch_grid_divid
 
 
 def test_the_epilogue_goes_through_shared_memory_only_where_the_output_tile_fits_in_the_ring():
-    from tuner.config import Config, StageTiles
 
     def staged(tiles: StageTiles, workload: str = "gpt3") -> bool:
         chain = get_workload(workload).chain(tokens=64).alone(0)
@@ -171,3 +174,32 @@ def test_the_kernels_of_the_gpu_tests_are_listed_for_compiling_ahead():
     assert len(sources) > 900
     for marker in ("attention_mainloop<", "Im2col3x3<", "griddepcontrol.wait", "mainloop_tma<", "epoch_arg"):
         assert any(marker in s for s in sources), marker
+
+
+def test_a_tile_too_large_for_the_even_share_moves_registers_from_its_producer_warpgroup():
+    """128x256 in two warpgroups needs 128 accumulators a thread, past the 168 registers that 288
+    threads share: its producer becomes a warpgroup that gives its registers up (setmaxnreg) and
+    leaves after its copies, so the epilogue and the post sync the MMA warps alone."""
+    from tuner.model import registers
+    from tuner.space import load_space
+    from tuner.tiling import CONSUMER_REGS, PRODUCER_REGS, even_share
+
+    chain = get_workload("gpt3").chain(tokens=1000, hidden=1032, ffn=776)
+    big, usual = StageTiles(128, 256, 64, 2, 1, 4, 1, "wgmma_tma"), StageTiles(128, 192, 64, 2, 1, 5, 1, "wgmma_tma")
+    assert big.realloc and not usual.realloc and (big.threads, usual.threads) == (384, 288)
+    assert PRODUCER_REGS * 128 + CONSUMER_REGS * 256 == even_share(384) * 384 == registers(big) * big.threads
+    src = render(chain, Config((big, usual), "tile", "row", "block", "two_stream")).source
+    tile0 = src.split("void stage0_tile(")[1].split("void stage1_tile(")[0]
+    tile1 = src.split("void stage1_tile(")[1].split("_kernel(")[0]
+    assert f"TileTMA<128, 256, 64, 2, 1, 4, 128, 1, 1, {PRODUCER_REGS}, {CONSUMER_REGS}>" in src
+    producer, consumer = tile0.split("tma_consume<T>(")
+    assert "tma_produce<T" in producer and "return;" in producer
+    assert "__syncthreads()" not in consumer and "tuner_post_among(" in consumer
+    assert "mainloop_tma<" in tile1 and "tma_consume<T>(" not in tile1 and "tuner_post_among(" not in tile1
+    # A fused launch has one register count at entry: no such tile joins one.
+    fs = load_space(home() / "search_spaces" / "gpt3.toml").feasible(chain, DeviceInfo("NVIDIA H200"))
+    assert fs.contains(Config((big, big), "tile", "row", "block", "two_stream")) is None
+    assert "setmaxnreg" in fs.contains(Config((big, big), "tile", "row", "ticket", "fused"))
+    fused = ("tile", "row", "ticket", "fused", "none")
+    rng = np.random.default_rng(0)
+    assert not any(t.realloc for _ in range(200) for t in fs.sample(rng, fused).tiles)

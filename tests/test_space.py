@@ -46,6 +46,7 @@ def tiny_chain():
 def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, max_regs: int,
                        max_cluster: int = 8) -> bool:
     """The constraints restated from their definitions, independently of the solver."""
+    shifts = []  # per stage: whether its tile moves registers from its producer (setmaxnreg)
     for st, t in zip(chain.stages, cfg.tiles):
         if t.cm * t.cn > 1 and (t.mma not in ("wgmma_tma", "wgmma_tma_t") or t.cm * t.cn > max_cluster or -(-st.m // t.bm) % t.cm
                                 or -(-st.n // t.bn) % t.cn or cfg.dispatch != "block" or cfg.launch == "fused"):
@@ -57,10 +58,15 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
             # transposed: warpgroups of 64 columns in one row, all BM rows (8..256, in 8s) as the
             # instruction's N, the fp32 tile parked in the ring for the epilogue
             threads = 128 * t.wn + 32
+            # two warpgroups whose accumulators pass the even share take the registers of a whole
+            # producer warpgroup: 232 each
+            shift = t.wn == 2 and t.bm // 2 + 56 > 65536 // 384
+            shifts.append(shift)
+            threads += 96 * shift
             if (t.wm != 1 or t.bn != 64 * t.wn or t.bm % 8 or t.bm > 256 or t.bk % 64 or t.stages < 3
                     or t.bm * (t.bn + 4) * 4 > t.stages * (t.bm + t.bn) * 2 * t.bk
                     or threads > max_threads or t.bm // 2 > max_regs
-                    or t.bm // 2 + 56 > 65536 // (-(-threads // 128) * 128)
+                    or t.bm // 2 + 56 > (232 if shift else 65536 // (-(-threads // 128) * 128))
                     or t.stages * (t.bm + t.bn) * 2 * t.bk + 1024 + 16 * t.stages > dev.smem_per_block
                     or t.bm > max(8, -(-st.m // 8) * 8) or t.bn > n_cap or t.split_k > kc):
                 return False
@@ -68,10 +74,14 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
         if t.mma in ("wgmma", "wgmma_tma"):
             # warpgroups of 128 threads, 64 rows each, 8..256 columns each, whole 64-wide K atoms, >= 3 slots
             wgn = t.bn // t.wn
+            tma = t.mma == "wgmma_tma"
+            shift = tma and t.wm * t.wn == 2 and wgn // 2 + 56 > 65536 // 384  # as above
+            shifts.append(shift)
+            threads = 128 * t.wm * t.wn + (128 if shift else 32) * tma
             if (t.bm != 64 * t.wm or t.bn % t.wn or wgn % 8 or wgn > 256 or t.bk % 64 or t.stages < 3
-                    or 128 * t.wm * t.wn + 32 * (t.mma == "wgmma_tma") > max_threads or wgn // 2 > max_regs
+                    or threads > max_threads or wgn // 2 > max_regs
                     # registers come per warpgroup: 65536 over the threads rounded up to 128, less 56 others
-                    or wgn // 2 + 56 > 65536 // (-(-(128 * t.wm * t.wn + 32 * (t.mma == "wgmma_tma")) // 128) * 128)
+                    or wgn // 2 + 56 > (232 if shift else 65536 // (-(-threads // 128) * 128))
                     or t.stages * (t.bm + t.bn) * 2 * t.bk + 1024 + 16 * t.stages * (t.mma == "wgmma_tma")
                     > dev.smem_per_block
                     or t.bm > max(64, m_cap) or t.bn > n_cap or t.split_k > kc):  # splits share the chunks evenly
@@ -85,8 +95,9 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
             return False
     if (cfg.policy == "stream") != (cfg.launch in ("serial", "pdl")):
         return False
-    if cfg.launch == "fused" and (cfg.dispatch != "ticket" or cfg.tiles[0].threads != cfg.tiles[1].threads):
-        return False
+    if cfg.launch == "fused" and (cfg.dispatch != "ticket" or cfg.tiles[0].threads != cfg.tiles[1].threads
+                                  or any(shifts)):
+        return False  # one register count at entry for the whole launch: no tile moves registers
     if cfg.policy == "tile" and cfg.tiles[0].bn % cfg.tiles[1].bk:
         return False
     # an L2 prefetch of the second stage's weights: bulk copies need Hopper, and half of L2 at most
@@ -124,6 +135,24 @@ def test_exact_count_matches_brute_force_with_wgmma_tilings():
     brute = {c for c in all_configs(TINY_WG) if reference_feasible(tiny_chain(), c, WG_DEVICE, 256, 128)}
     assert any(t.mma == "wgmma" for c in brute for t in c.tiles) and any(c.tiles[0].mma == "sync" for c in brute)
     assert set(fs) == brute
+
+
+# Tiles of two warpgroups past the even share of registers: a producer warpgroup, 384 threads, no fused launch.
+TINY_RA = {**TINY, "stage": {"bm": [64, 128, 256], "bn": [128, 256], "bk": [64], "wm": [1, 2], "wn": [1, 2], "stages": [3],
+                             "split_k": [1], "mma": ["wgmma", "wgmma_tma", "wgmma_tma_t"]},
+           "global": {**TINY["global"], "prefetch": ["none"]},
+           "limits": {"max_threads": 384, "max_tile_regs": 160}}
+
+
+def test_exact_count_matches_brute_force_with_tiles_that_move_registers():
+    chain = get_workload("gpt3").chain(tokens=256, hidden=512, ffn=256)
+    dev = DeviceInfo("tiny hopper", smem_per_block=227 * 1024)
+    fs = parse_space(TINY_RA, "tiny_ra.toml").feasible(chain, dev)
+    brute = {c for c in all_configs(TINY_RA) if reference_feasible(chain, c, dev, 384, 160)}
+    assert set(fs) == brute
+    shifted = [c for c in brute if any(t.realloc for t in c.tiles)]
+    assert shifted and all(c.launch != "fused" for c in shifted)
+    assert {t.mma for c in shifted for t in c.tiles if t.realloc} == {"wgmma_tma", "wgmma_tma_t"}
 
 
 # Clusters: only TMA tilings, only in block dispatch outside a fused launch, only whole cluster tiles.

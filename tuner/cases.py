@@ -88,3 +88,27 @@ def clustered(chain: Chain) -> list[Config]:
             if any(t.cluster > 1 for t in tiles):
                 out.append(Config(tuple(tiles), p, o, d, l))
     return out
+
+
+def reallocated(chain: Chain) -> list[Config]:
+    """Configs whose GEMM stages are tiles of two MMA warpgroups too large for the even share of
+    registers, which move registers from their producer warpgroup (setmaxnreg): 128x256, and on
+    every other combination a transposed 256-row tile for the last stage where M has 256 rows,
+    under every combination but the fused launch, alternating split-K and, where the tile grid
+    divides, a 2x1 cluster. Empty for chains of other stage kinds or too small for such tiles."""
+    if any(st.kind != "gemm" for st in chain.stages) or chain.stages[0].m < 65 or min(
+            st.n for st in chain.stages) < 129:
+        return []
+    out = []
+    for i, (p, o, d, l) in enumerate(c for c in combos() if c[3] != "fused"):
+        split = 2 if i % 3 == 1 else 1
+        tiles = [StageTiles(128, 256, 64, 2, 1, 4, split, "wgmma_tma") for _ in chain.stages]
+        if i % 2 and chain.stages[-1].m >= 256:
+            tiles[-1] = StageTiles(256, 128, 64, 1, 2, 4, split, "wgmma_tma_t")
+        if i % 4 == 3 and cluster_allowed(d, l) is None:
+            g = StageGrid(chain.stages[0], tiles[0])
+            if g.mt % 2 == 0:
+                tiles[0] = replace(tiles[0], cm=2)
+        assert all(t.realloc for t in tiles)
+        out.append(Config(tuple(tiles), p, o, d, l))
+    return out

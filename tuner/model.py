@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .device import DeviceInfo
 from .stages import attention, conv, kind_of
-from .tiling import StageGrid, StageTiles
+from .tiling import StageGrid, StageTiles, even_share
 
 SMEM_PER_SM = 228 * 1024  # bytes; each block also reserves 1 KiB
 REGS_PER_SM = 65536
@@ -24,7 +24,10 @@ FIT_FILE = Path(__file__).with_name("cost_fit.json")  # written by benchmarks/fi
 
 
 def registers(t: StageTiles) -> int:
-    """Estimated registers per thread: the accumulators plus a fixed overhead."""
+    """Estimated registers per thread: the accumulators plus a fixed overhead (a block that
+    reallocates registers starts with the even share of the register file, and keeps the sum)."""
+    if t.realloc:
+        return even_share(t.threads)
     if t.warpgroup:
         return t.wgmma_n // 2 + 56
     wtm, wtn = t.bm // t.wm, t.bn // t.wn

@@ -16,6 +16,7 @@ import jinja2
 
 from .device import DeviceInfo
 from .config import Config, StageGrid, StageTiles
+from .tiling import CONSUMER_REGS, PRODUCER_REGS
 from .epilogues import get_epilogue
 from .stages import kind_of
 from .paths import templates_dir
@@ -173,7 +174,8 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
         entry = dict(index=i, name=st.name, M=st.m, N=st.n, K=st.k, NOUT=st.n_out, epilogue=st.epilogue,
                      **order_env(g), KS=g.ks, KC=g.kc, blocks=g.blocks, threads=tl.threads,
                      BM=tl.bm, BN=tl.bn, BK=tl.bk, WM=tl.wm, WN=tl.wn, STAGES=tl.stages, MMA=tl.mma, CLUSTER=tl.cluster,
-                     TMA=tl.tma, TRANSPOSED=tl.transposed, T_PITCH=tl.transposed_pitch,
+                     TMA=tl.tma, TRANSPOSED=tl.transposed, T_PITCH=tl.transposed_pitch, REALLOC=tl.realloc,
+                     PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS,
                      A_ROWS=a_rows(st.m, tl.bm), OW=tl.bn // st.fold, epi=get_epilogue(st.epilogue),
                      a_arg=kind_of(st).a_arg(st),
                      order_m=order.m.c, order_n=order.n.c, order_s=order.s.c,

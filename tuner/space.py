@@ -29,6 +29,7 @@ from . import UsageError
 from .device import DeviceInfo
 from .config import GLOBAL_DEFAULTS, GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
 from .expr import Expr
+from .tiling import CONSUMER_REGS, WG_OVERHEAD_REGS, even_share
 from .prefetch import PREFETCHES, prefetch_allowed
 from .stages import kind_of
 from .sync import (DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, grid_env, launch_allowed, pair_env)
@@ -189,7 +190,6 @@ def next_pow2(x: int) -> int:
 
 
 WGMMA_ARCHS = ("sm_90", "sm_90a")  # warpgroup MMAs exist on Hopper only
-WG_OVERHEAD_REGS = 56  # registers a warpgroup kernel needs besides its accumulators (ptxas reports 26-52)
 
 
 def warp_tile(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
@@ -239,9 +239,8 @@ def accumulators(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
     compile test holds this bound to the compiler's report)."""
     t = g.tiles
     if t.warpgroup:
-        regs = 64 * t.wgmma_n // 128
-        # ptxas hands out registers per warpgroup, so a producer warp costs a whole warpgroup's share.
-        budget = 65536 // (-(-t.threads // 128) * 128) // 8 * 8
+        regs = t.acc_regs
+        budget = CONSUMER_REGS if t.realloc else even_share(t.threads)
         if regs + WG_OVERHEAD_REGS > budget:
             return (f"{regs} accumulator registers plus {WG_OVERHEAD_REGS} others exceed the {budget} per thread "
                     f"that {t.threads} threads leave")
@@ -363,11 +362,17 @@ def policy_requires(policy: str, producer: StageGrid, consumer: StageGrid) -> st
 
 
 def fused_threads(launch: str, grids: Sequence[StageGrid]) -> str | None:
-    """One launch has one block size, so every stage of a fused launch uses the same thread count."""
+    """One launch has one block size, so every stage of a fused launch uses the same thread count;
+    and one register count at entry, so no stage of it reallocates registers between warpgroups."""
+    if launch != "fused":
+        return None
     counts = [g.tiles.threads for g in grids]
-    if launch == "fused" and len(set(counts)) > 1:
+    if len(set(counts)) > 1:
         return "a fused launch needs one thread count for all stages, got " + \
                ", ".join(f"{g.stage.name} {n}" for g, n in zip(grids, counts))
+    shifting = [g.stage.name for g in grids if g.tiles.realloc]
+    if shifting:
+        return f"{', '.join(shifting)}: a tile that reallocates registers (setmaxnreg) runs in a kernel of its own"
     return None
 
 
@@ -554,10 +559,13 @@ class FeasibleSet:
     def _plan(self, combo: tuple[str, ...]) -> _Plan:
         policy, _order, dispatch, launch, _prefetch = combo
         clusters = cluster_allowed(dispatch, launch) is None
-        key = (policy, launch == "fused", clusters)
+        fused = launch == "fused"
+        key = (policy, fused, clusters)
         if key not in self._plans:
             pol = POLICIES[policy]
-            tilings = self.tilings if clusters else [[g for g in gs if g.tiles.cluster == 1] for gs in self.tilings]
+            # A fused launch takes no tile that reallocates registers (see fused_threads).
+            tilings = [[g for g in gs if (clusters or g.tiles.cluster == 1) and not (fused and g.tiles.realloc)]
+                       for gs in self.tilings]
             self._plans[key] = _Plan(self.chain, tilings, pol.requires if pol else None, key[1])
         return self._plans[key]
 

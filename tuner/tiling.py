@@ -30,6 +30,19 @@ WARPGROUP_MMAS = ("wgmma", "wgmma_tma", "wgmma_tma_t")
 TMA_MMAS = ("wgmma_tma", "wgmma_tma_t")
 TILE_DEFAULTS: dict[str, Any] = {"split_k": 1, "mma": "sync", "cm": 1, "cn": 1}  # what records made before a field existed mean
 
+REGISTERS = 65536  # per SM, and per block at one block per SM
+WG_OVERHEAD_REGS = 56  # registers a warpgroup kernel needs besides its accumulators (ptxas reports 26-52)
+# Register reallocation (setmaxnreg) in a TMA-fed block of two MMA warpgroups: its producer is a
+# whole warpgroup that gives its registers up, and the MMA warpgroups take them. The three counts
+# balance: 40 + 2 * 232 = 3 * 168, the even share of 384 threads that the kernel starts with.
+PRODUCER_REGS, CONSUMER_REGS = 40, 232
+
+
+def even_share(threads: int) -> int:
+    """Registers per thread when ``threads`` share the register file: ptxas hands them out per
+    warpgroup (a lone producer warp costs a whole warpgroup's share), in steps of 8."""
+    return REGISTERS // (-(-threads // 128) * 128) // 8 * 8
+
 
 def tile_value(field: str, value: Any) -> Any:
     """A tile field's value in its own type (choices are names, the rest counts)."""
@@ -91,9 +104,25 @@ class StageTiles:
         return self.bm if self.transposed else self.bn // self.wn
 
     @property
+    def acc_regs(self) -> int:
+        """A warpgroup MMA thread's fp32 accumulators: its 64 x wgmma_n share of the tile over 128 threads."""
+        return 64 * self.wgmma_n // 128
+
+    @property
+    def realloc(self) -> bool:
+        """Whether the block moves registers from its producer to its MMA warpgroups (setmaxnreg): a
+        TMA-fed tile of two warpgroups whose accumulators do not fit the even share beside a producer
+        warp (128x256 does not: 128 accumulators past 168). Its producer is then a whole warpgroup,
+        which leaves the tile after its copies, and the MMA warpgroups get :data:`CONSUMER_REGS`."""
+        return (self.tma and self.wm * self.wn == 2
+                and self.acc_regs + WG_OVERHEAD_REGS > even_share(2 * 128 + 32))
+
+    @property
     def warps(self) -> int:
-        """Warps per block; the TMA variants add one producer warp that only issues copies."""
-        return self.wm * self.wn * (4 if self.warpgroup else 1) + self.tma
+        """Warps per block; the TMA variants add one producer warp that only issues copies (a whole
+        producer warpgroup where the tile reallocates registers)."""
+        producer = (4 if self.realloc else 1) if self.tma else 0
+        return self.wm * self.wn * (4 if self.warpgroup else 1) + producer
 
     @property
     def threads(self) -> int:
