@@ -35,7 +35,9 @@ __device__ __forceinline__ u32 tuner_ld_relaxed(const u32* p) {
 }
 
 // Spin (one thread) until *p >= target, comparing modulo 2^32. Returns false on timeout.
-__device__ __noinline__ bool tuner_spin_until(const u32* p, u32 target, u32* err) {
+// Inlined where a kernel's warps run at different register counts (setmaxnreg): one out-of-line
+// copy called from both would have to fit the smaller count around the larger one's live values.
+__device__ __forceinline__ bool tuner_spin_until_inline(const u32* p, u32 target, u32* err) {
   if ((int)(tuner_ld_acquire(p) - target) >= 0) return true;
   const u64 start = tuner_globaltimer();
   // Back off exponentially: hundreds of blocks polling one L2 line at full speed would
@@ -53,6 +55,11 @@ __device__ __noinline__ bool tuner_spin_until(const u32* p, u32 target, u32* err
       }
     }
   }
+}
+
+// The same, out of line: the wait loop stays out of the kernel's hot code.
+__device__ __noinline__ bool tuner_spin_until(const u32* p, u32 target, u32* err) {
+  return tuner_spin_until_inline(p, target, err);
 }
 
 // After the barrier that follows a tile's global stores: thread 0 makes them visible at GPU
