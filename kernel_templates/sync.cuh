@@ -83,12 +83,6 @@ __device__ __forceinline__ void tuner_bar_sync(int threads) {
   asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
 }
 
-// tuner_post, called by the block's first `threads` threads only.
-__device__ __forceinline__ void tuner_post_among(u32* p, int threads) {
-  tuner_bar_sync(threads);
-  tuner_signal(p);
-}
-
 // A ticket counted from 0 in every run: the counter gains `per_run` tickets per run.
 __device__ __forceinline__ u32 tuner_ticket(u32* counter, u32 epoch, u32 per_run) {
   __shared__ u32 ticket;

@@ -89,7 +89,7 @@ def test_a_split_tile_counts_arrivals_and_stored_partials_apart_and_only_the_las
     assert two.ws_floats == 2 * 256 * 6144  # a slot per split (the last one's stays unused)
     src = two.source
     # the splits that are not last store and post, then leave; the last waits for S - 1 posts, then adds
-    assert src.index("tuner_post(written);") < src.index("return;", src.index("tuner_post(written);"))
+    assert src.index("tuner_signal(written);") < src.index("return;", src.index("tuner_signal(written);"))
     assert "epoch * (u32)(S - 1)" in src and "split_reduce<T, S>" in src
 
 
@@ -194,8 +194,8 @@ def test_a_tile_too_large_for_the_even_share_moves_registers_from_its_producer_w
     assert f"TileTMA<128, 256, 64, 2, 1, 4, 128, 1, 1, {PRODUCER_REGS}, {CONSUMER_REGS}>" in src
     producer, consumer = tile0.split("tma_consume<T>(")
     assert "tma_produce<T" in producer and "return;" in producer
-    assert "__syncthreads()" not in consumer and "tuner_post_among(" in consumer
-    assert "mainloop_tma<" in tile1 and "tma_consume<T>(" not in tile1 and "tuner_post_among(" not in tile1
+    assert "__syncthreads()" not in consumer and "tuner_bar_sync(T::MMA_THREADS);  // every thread's stores" in consumer
+    assert "mainloop_tma<" in tile1 and "tma_consume<T>(" not in tile1 and "tuner_bar_sync(" not in tile1
     # A fused launch has one register count at entry: no such tile joins one.
     fs = load_space(home() / "search_spaces" / "gpt3.toml").feasible(chain, DeviceInfo("NVIDIA H200"))
     assert fs.contains(Config((big, big), "tile", "row", "block", "two_stream")) is None

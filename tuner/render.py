@@ -148,6 +148,16 @@ def staged_epilogue(tl: StageTiles, out_cols: int) -> bool:
     return STAGED_EPILOGUE and out_cols % 8 == 0 and tl.bm * (out_cols + 8) * 2 <= tl.ring_bytes()
 
 
+def _after_mainloop(tl: StageTiles) -> dict[str, str]:
+    """Who takes part in a tile's work after its mainloop, as the templates spell it: ``BAR`` their
+    barrier, ``EPI_THREADS`` their count, ``SPIN`` the wait a thread of theirs spins in. Where the
+    producer warpgroup gave its registers up and left (``realloc``), the MMA warps alone, on a named
+    barrier, and the spin inlined (an out-of-line copy would have to fit the producer's count)."""
+    if tl.realloc:
+        return dict(BAR="tuner_bar_sync(T::MMA_THREADS)", EPI_THREADS="T::MMA_THREADS", SPIN="tuner_spin_until_inline")
+    return dict(BAR="__syncthreads()", EPI_THREADS="T::THREADS", SPIN="tuner_spin_until")
+
+
 def a_rows(m: int, bm: int) -> int:
     """Rows of A a TMA stage requests: the tile's, or M rounded up to whole 8-row swizzle groups
     when the matrix is shorter (a box reaching far past the edge costs time for nothing)."""
@@ -175,7 +185,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
                      **order_env(g), KS=g.ks, KC=g.kc, blocks=g.blocks, threads=tl.threads,
                      BM=tl.bm, BN=tl.bn, BK=tl.bk, WM=tl.wm, WN=tl.wn, STAGES=tl.stages, MMA=tl.mma, CLUSTER=tl.cluster,
                      TMA=tl.tma, TRANSPOSED=tl.transposed, T_PITCH=tl.transposed_pitch, REALLOC=tl.realloc,
-                     PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS,
+                     PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, **_after_mainloop(tl),
                      A_ROWS=a_rows(st.m, tl.bm), OW=tl.bn // st.fold, epi=get_epilogue(st.epilogue),
                      a_arg=kind_of(st).a_arg(st),
                      order_m=order.m.c, order_n=order.n.c, order_s=order.s.c,
