@@ -161,12 +161,14 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
   half_t* sK = smem + T::Q_ELEMS;
   half_t* sV = sK + T::STAGES * T::KV_ELEMS;
 
-  // Chunk it's keys and values from the cache (FROM_CACHE) or from the new tokens (the producer's).
-  auto copy_kv = [&](int it, bool from_cache) {
+  // Chunk it's keys and values: all its rows, or those from the cache, or those of the new
+  // tokens (the producer's).
+  enum Rows { ALL_ROWS, CACHE_ROWS, NEW_ROWS };
+  auto copy_kv = [&](int it, Rows rows) {
     const int kc = kc_begin + it, slot = it % T::STAGES;
     for (int i = threadIdx.x; i < 2 * T::BK * CPR; i += T::THREADS) {
       const int part = i / (T::BK * CPR), r = i / CPR % T::BK, c = (i % CPR) * 8, key = kc * T::BK + r;
-      if ((key < CACHE) != from_cache) continue;
+      if (rows != ALL_ROWS && (key < CACHE) != (rows == CACHE_ROWS)) continue;
       bool ok;
       const half_t* src = kv_row<TOKENS, CACHE, QKVW, D>(qkv, cache, kvh, kv_col, part, key, last_key, ok);
       cp_async16((part ? sV : sK) + slot * T::KV_ELEMS + r * T::LDS + c, ok ? src + c : src, ok);
@@ -177,7 +179,7 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
   // dependent launch they stream in while the QKV projection still runs.
   constexpr int PRO = T::STAGES - 1;
   if constexpr (CACHE > 0)
-    for (int it = 0; it < PRO && it < nk; ++it) copy_kv(it, true);
+    for (int it = 0; it < PRO && it < nk; ++it) copy_kv(it, CACHE_ROWS);
   auto issue = [&](int it) {
     if (it < nk) {
       const int kc = kc_begin + it;
@@ -189,8 +191,7 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
           cp_async16(sQ + r * T::LDS + c, qkv + (size_t)min(tok, TOKENS - 1) * QKVW + q_col + c, tok < TOKENS);
         }
       }
-      if (CACHE > 0 && it >= PRO) copy_kv(it, true);
-      copy_kv(it, false);
+      copy_kv(it, CACHE > 0 && it < PRO ? NEW_ROWS : ALL_ROWS);  // one pass where nothing was copied ahead
     }
     cp_async_commit();  // an empty group past the end keeps the wait_group count uniform
   };

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .device import DeviceInfo
 from .stages import attention, conv, kind_of
-from .tiling import StageGrid, StageTiles, even_share
+from .tiling import WG_OVERHEAD_REGS, StageGrid, StageTiles, even_share
 
 SMEM_PER_SM = 228 * 1024  # bytes; each block also reserves 1 KiB
 REGS_PER_SM = 65536
@@ -29,7 +29,7 @@ def registers(t: StageTiles) -> int:
     if t.realloc:
         return even_share(t.threads)
     if t.warpgroup:
-        return t.wgmma_n // 2 + 56
+        return t.acc_regs + WG_OVERHEAD_REGS
     wtm, wtn = t.bm // t.wm, t.bn // t.wn
     return wtm * wtn // 32 + (wtm // 16) * 4 + (wtn // 8) * 2 + 40
 

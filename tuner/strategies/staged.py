@@ -206,7 +206,7 @@ class Staged(Strategy):
             for c in configs:
                 if len(planned) + len(out) >= self.chain_cap:
                     break
-                if c not in out and c not in planned and c not in self.times and self.ctx.usable(c):
+                if c not in out and c not in self.times and self.ctx.usable(c):  # planned ones are in times
                     out.append(c)
             planned.extend(out)
             for c in out:
