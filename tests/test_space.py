@@ -458,3 +458,31 @@ def test_a_decode_attention_can_split_its_17_chunks_eight_ways():
     fs = load_space("search_spaces/llama-attn.toml").feasible(chain, DeviceInfo("NVIDIA H200"))
     splits = {g.tiles.split_k for g in fs.tilings[1] if g.tiles.bk == 64}
     assert {8, 16} <= splits
+
+
+
+def _narrowed(space, chain, cfgs):
+    """``space`` with each domain cut to the values ``cfgs`` take: the same constraints over far fewer
+    tilings (a value the space lacks stays out of it, so a config that takes one is still refused)."""
+    cut = lambda vals, taken: tuple(v for v in vals if v in taken)  # noqa: E731
+    overrides = {st.name: {f: cut(vals, {getattr(c.tiles[j], f) for c in cfgs})
+                           for f, vals in space.stage_domain(st.name).items()}
+                 for j, st in enumerate(chain.stages)}
+    return replace(space, overrides=overrides,
+                   globals={f: cut(vals, {getattr(c, f) for c in cfgs}) for f, vals in space.globals.items()})
+
+
+def test_the_configs_the_gpu_tests_run_lie_in_the_shipped_spaces():
+    """The GPU tests run hand-picked configs of the convolution and attention chains (tuner/cases.py):
+    each is a point of its workload's shipped space, the opt-in L2 prefetch aside, so a change of a
+    space cannot leave them behind unseen on a host without a GPU."""
+    import test_gpu as gpu
+    from tuner.cases import coverage
+
+    runs = [*gpu.CONV_CASES, *((w, size, mma) for w, size in gpu.ATTN_CASES for mma in gpu.ATTN_MMAS)]
+    for workload, size, mma in runs:
+        chain = get_workload(workload).chain(**size)
+        cfgs = [replace(c, prefetch="none") for c in coverage(chain, mma)]
+        fs = _narrowed(load_space(home() / "search_spaces" / f"{workload}.toml"), chain, cfgs).feasible(chain, H200)
+        for cfg in cfgs:
+            assert fs.contains(cfg) is None, (workload, size, cfg.short(), fs.contains(cfg))
