@@ -1,7 +1,10 @@
-// One attention tile: BM queries of one head against keys [kc_begin*BK, kc_end*BK) (a split of
-// the keys), causal, with an online softmax (see tuner/stages/attention.py for the layouts).
+// One attention tile: the queries of BM tokens in P heads that share one KV head, against keys
+// [kc_begin*BK, kc_end*BK) (a split of the keys), causal, with an online softmax (see
+// tuner/stages/attention.py for the layouts). Its ROWS = BM * P query rows are token-major: row r
+// is token m0 + r / P in head head0 + r % P. Packing the heads of a group (P > 1) reads each key
+// and value once for all of them, and fills the MMA's 16 rows where few tokens would not.
 //
-// The block's WM x WN warps: WM rows of 16 queries, each row's WN warps splitting every chunk's
+// The block's WM x WN warps: WM rows of 16 query rows, each row's WN warps splitting every chunk's
 // keys between them (WN > 1 gives a few queries more warps, so more loads in flight, and lets a
 // tile match the thread count of the GEMMs of a fused launch); at the end the WN partial results
 // of a row are merged through shared memory into its first warp. A warp's query fragments stay in
@@ -18,18 +21,19 @@ struct SoftmaxRows {
   float max[2], sum[2];
 };
 
-template <int BM_, int D_, int BK_, int WM_, int WN_, int STAGES_>
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int D_>
 struct AttnTile {
-  static constexpr int BM = BM_, D = D_, BN = D_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
+  static constexpr int BM = BM_, D = D_, BN = BN_, P = BN_ / D_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
+  static constexpr int ROWS = BM * P;     // query rows: BM tokens x P heads
   static constexpr int THREADS = WM * WN * 32, MMA_THREADS = THREADS;
   static constexpr int HOLDERS = WM * 32;  // threads of the warps that hold a row's merged result
   static constexpr int LDS = D + 8;        // halves per shared row
-  static constexpr int Q_ELEMS = BM * LDS, KV_ELEMS = BK * LDS;
+  static constexpr int Q_ELEMS = ROWS * LDS, KV_ELEMS = BK * LDS;
   static constexpr int KW = BK / WN;  // keys of a chunk per warp
   static constexpr int DI = D / 8;    // output fragments (8 columns each) per warp
   static constexpr int SJ = KW / 8;   // score fragments per chunk
   static constexpr int DK = D / 16;   // k-steps of the scores
-  static_assert(BM == 16 * WM, "a row of warps owns 16 queries");
+  static_assert(BN % D == 0 && ROWS == 16 * WM, "a row of warps owns 16 query rows of whole heads");
   static_assert(KW % 16 == 0 && D % 16 == 0, "a warp's keys and the head in steps of 16");
   static_assert(STAGES >= 2, "at least two chunks in flight");
   // This thread's warp row, the keys of a chunk it takes, and its slot among the holders.
@@ -136,6 +140,10 @@ __device__ __forceinline__ const half_t* kv_row(const half_t* qkv, const half_t*
   return qkv + (size_t)(key - CACHE) * QKVW + kv_col + part * D;
 }
 
+// The token of query row r of a tile whose first token is m0.
+template <class T>
+__device__ __forceinline__ int row_token(int m0, int r) { return m0 + r / T::P; }
+
 // The tile's partial result: O unnormalized (acc) and its rows' softmax state, held by the first
 // warp of each warp row (T::part() == 0) on return. Chunks past the tile's last query are skipped
 // (causal), so a split may compute nothing: max = -inf, sum = 0. `wait(kc, first)` runs in every
@@ -143,12 +151,13 @@ __device__ __forceinline__ const half_t* kv_row(const half_t* qkv, const half_t*
 template <class T, int TOKENS, int CACHE, int HEADS, int G, class Wait>
 __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], SoftmaxRows& sm,
                                                    const half_t* __restrict__ qkv, const half_t* __restrict__ cache,
-                                                   int m0, int head, int kc_begin, int kc_end, half_t* smem,
+                                                   int m0, int n, int kc_begin, int kc_end, half_t* smem,
                                                    Wait wait, float scale_log2) {
   constexpr int D = T::D, QKVW = (HEADS + 2 * (HEADS / G)) * D, GROUP_W = (G + 2) * D;
   constexpr int CPR = D / 8;  // 16-byte pieces per row
-  const int kvh = head / G;
-  const int q_col = kvh * GROUP_W + (head % G) * D, kv_col = kvh * GROUP_W + G * D;
+  static_assert(G % T::P == 0, "a tile's heads share one KV head");
+  const int head0 = n * T::P, kvh = head0 / G;
+  const int q_col = kvh * GROUP_W + (head0 % G) * D, kv_col = kvh * GROUP_W + G * D;
   const int lane = threadIdx.x % 32, wrow = T::row(), wkeys = T::part() * T::KW;
   const int last_key = CACHE + min(m0 + T::BM, TOKENS) - 1;
   kc_end = min(kc_end, last_key / T::BK + 1);
@@ -185,10 +194,11 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
       const int kc = kc_begin + it;
       wait(kc, it == 0);
       if (it == 0) {
-        for (int i = threadIdx.x; i < T::BM * CPR; i += T::THREADS) {
-          const int r = i / CPR, c = (i % CPR) * 8, tok = m0 + r;
+        for (int i = threadIdx.x; i < T::ROWS * CPR; i += T::THREADS) {
+          const int r = i / CPR, c = (r % T::P) * D + (i % CPR) * 8, tok = row_token<T>(m0, r);
           // Rows past the last token read as zeros: their scores stay finite and are never stored.
-          cp_async16(sQ + r * T::LDS + c, qkv + (size_t)min(tok, TOKENS - 1) * QKVW + q_col + c, tok < TOKENS);
+          cp_async16(sQ + r * T::LDS + (i % CPR) * 8, qkv + (size_t)min(tok, TOKENS - 1) * QKVW + q_col + c,
+                     tok < TOKENS);
         }
       }
       copy_kv(it, CACHE > 0 && it < PRO ? NEW_ROWS : ALL_ROWS);  // one pass where nothing was copied ahead
@@ -200,7 +210,8 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
   for (int it = 0; it < PRO; ++it) issue(it);
 
   u32 qf[T::DK][4];
-  const int q_row0 = m0 + wrow * 16 + lane / 4;  // this thread's first query; the second is 8 further
+  // The tokens of this thread's two query rows (lane / 4 and 8 further): what the mask compares.
+  const int q_tok[2] = {row_token<T>(m0, wrow * 16 + lane / 4), row_token<T>(m0, wrow * 16 + lane / 4 + 8)};
   for (int it = 0; it < nk; ++it) {
     cp_async_wait<T::STAGES - 2>();
     __syncthreads();
@@ -237,8 +248,8 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
     for (int j = 0; j < T::SJ; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = key0 + j * 8 + (lane % 4) * 2 + (e & 1), q = q_row0 + (e >= 2 ? 8 : 0);
-        s[j][e] = key <= CACHE + q ? s[j][e] * scale_log2 : neg_inf();
+        const int key = key0 + j * 8 + (lane % 4) * 2 + (e & 1);
+        s[j][e] = key <= CACHE + q_tok[e >= 2] ? s[j][e] * scale_log2 : neg_inf();
         mx[e >= 2] = fmaxf(mx[e >= 2], s[j][e]);
       }
 #pragma unroll
@@ -315,7 +326,7 @@ __device__ __forceinline__ void attention_store_partial(const float (&acc)[T::DI
 // O / sum, stored as fp16 into out[token, head * D + col] for the tile's tokens.
 template <class T, int TOKENS, int HEADS>
 __device__ __forceinline__ void attention_store(const float (&acc)[T::DI][4], const SoftmaxRows& sm,
-                                                half_t* __restrict__ out, int m0, int head) {
+                                                half_t* __restrict__ out, int m0, int n) {
   if (T::part() != 0) return;
   const int lane = threadIdx.x % 32;
   const float inv[2] = {sm.sum[0] > 0.f ? 1.f / sm.sum[0] : 0.f, sm.sum[1] > 0.f ? 1.f / sm.sum[1] : 0.f};
@@ -323,7 +334,8 @@ __device__ __forceinline__ void attention_store(const float (&acc)[T::DI][4], co
   for (int j = 0; j < T::DI; ++j)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int tok = m0 + T::row() * 16 + lane / 4 + h * 8, col = head * T::D + j * 8 + (lane % 4) * 2;
+      const int r = T::row() * 16 + lane / 4 + h * 8, tok = row_token<T>(m0, r);
+      const int col = (n * T::P + r % T::P) * T::D + j * 8 + (lane % 4) * 2;
       if (tok < TOKENS)
         *reinterpret_cast<u32*>(out + (size_t)tok * HEADS * T::D + col) =
             pack2(acc[j][2 * h] * inv[h], acc[j][2 * h + 1] * inv[h]);

@@ -21,8 +21,9 @@ H200 = DeviceInfo("test H200")
 GEMM = StageTiles(64, 128, 64, 2, 2, 3)
 
 
-def attn(bm: int = 16, bk: int = 64, split_k: int = 1, stages: int = 2) -> StageTiles:
-    return StageTiles(bm, 128, bk, bm // 16, 1, stages, split_k)
+def attn(bm: int = 16, bk: int = 64, split_k: int = 1, stages: int = 2, heads: int = 1) -> StageTiles:
+    """An attention tile of ``bm`` tokens in ``heads`` packed heads: ``bm * heads / 16`` rows of warps."""
+    return StageTiles(bm, 128 * heads, bk, bm * heads // 16, 1, stages, split_k)
 
 
 def naive(qkv: np.ndarray, cache: np.ndarray, st: attention.AttentionStage) -> np.ndarray:
@@ -110,6 +111,8 @@ def test_the_shipped_policies_are_sound_and_deadlock_free_on_attention(workload,
     chain = get_workload(workload).chain(**size)
     tokens = size["tokens"]
     tilings = [attn(16, 64, split_k=4 if tokens < 64 else 1), attn(64 if tokens >= 64 else 16, 128)]
+    if workload == "llama-attn":  # 8 query heads share a KV head: tiles of 2 and of 8 of them
+        tilings += [attn(8, 64, split_k=2, heads=2), attn(2, 32, split_k=8 if tokens < 64 else 1, heads=8)]
     for a in tilings:
         cfg = Config((GEMM, a, GEMM), policy, "row", "ticket" if launch == "fused" else "block", launch)
         assert check(chain, cfg) is None, (cfg.short(), check(chain, cfg))
@@ -130,10 +133,11 @@ def wrong_head(monkeypatch):
         cached.cache_clear()
 
 
-@pytest.mark.parametrize("workload,size", [("gpt3-attn", {"tokens": 4}), ("llama-attn", {"tokens": 512, "cache": 0})])
-def test_a_policy_that_waits_on_the_wrong_head_is_refused_naming_the_tile(workload, size, wrong_head):
+@pytest.mark.parametrize("workload,size,heads", [("gpt3-attn", {"tokens": 4}, 1), ("llama-attn", {"tokens": 512, "cache": 0}, 1),
+                                                  ("llama-attn", {"tokens": 512, "cache": 0}, 2)])
+def test_a_policy_that_waits_on_the_wrong_head_is_refused_naming_the_tile(workload, size, heads, wrong_head):
     chain = get_workload(workload).chain(**size)
-    cfg = Config((GEMM, attn(16, 64), GEMM), "tile", "row", "block", "two_stream")
+    cfg = Config((GEMM, attn(16, 64, heads=heads), GEMM), "tile", "row", "block", "two_stream")
     prod, cons, _ = cfg.grids(chain)
     why = check_soundness(prod, cons, POLICIES["tile"])
     assert why is not None and why.startswith("attn tile (m=0, n=0, s=0) chunk 0 (keys 0..63) reads qkv tile "), why
@@ -154,6 +158,31 @@ def test_the_attention_waits_per_head_but_the_output_projection_per_row():
     head5 = model.m2 == 5
     waited = sorted(set(zip(model.kc[head5].tolist(), (model.sem[head5] % grids[0].nt).tolist())))
     assert waited == sorted({(grids[1].split_begin(s), 15) for s in range(4)} | {(grids[1].kc - 1, 16), (grids[1].kc - 1, 17)})
+
+
+def test_a_tile_of_packed_heads_waits_for_their_queries_and_their_group_s_keys_and_values():
+    """LLaMA: 8 query heads share one KV head. A tile of heads 4..7 reads their query columns
+    (4*128 .. 8*128 of the group's 1280) and the group's key and value columns (1024 .. 1279)."""
+    chain = get_workload("llama-attn").chain(tokens=4)
+    cfg = Config((GEMM, attn(4, 64, split_k=4, heads=4), GEMM), "tile", "row", "block", "two_stream")
+    proto = Protocol.of(chain, cfg)
+    grids = proto.grids
+    assert grids[1].nt == 2 and checker.wait_columns(grids[1]) == 2
+    model = checker.pair_model(grids[0], grids[1], POLICIES["tile"])
+    second = model.m2 == 1
+    waited = sorted(set(zip(model.kc[second].tolist(), (model.sem[second] % grids[0].nt).tolist())))
+    queries = {(grids[1].split_begin(s), col) for s in range(4) for col in (4, 5, 6, 7)}
+    assert waited == sorted(queries | {(grids[1].kc - 1, 8), (grids[1].kc - 1, 9)})
+    assert check(chain, cfg) is None
+
+
+def test_the_space_packs_only_heads_that_share_a_kv_head():
+    chain = get_workload("llama-attn").chain(tokens=1)
+    fs = load_space(home() / "search_spaces" / "llama-attn.toml").feasible(chain, H200)
+    assert fs.domains()["gemm2.bn"] == [128, 256, 512, 1024]  # 1, 2, 4, 8 of its 8 heads
+    assert all(g.tiles.bm * g.tiles.bn // 128 == 16 * g.tiles.wm for g in fs.tilings[1])
+    g3 = get_workload("llama-attn").chain(tokens=1, heads=6, kv_heads=2)  # 3 heads a group: none packs 2, 4 or 8
+    assert {g.tiles.bn for g in load_space(home() / "search_spaces" / "llama-attn.toml").feasible(g3, H200).tilings[1]} == {128}
 
 
 def test_the_space_keeps_one_head_per_tile_and_mma_sync():

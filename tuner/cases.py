@@ -24,12 +24,14 @@ def combos() -> list[tuple[str, str, str, str]]:
             if launch_allowed(p, l, d) is None]
 
 
-def tiles_for(chain: Chain, split: tuple[int, int] = (1, 1), mma: str = "sync") -> tuple[StageTiles, ...]:
+def tiles_for(chain: Chain, split: tuple[int, int] = (1, 1), mma: str = "sync", pack: bool = False) -> tuple[StageTiles, ...]:
     """A reasonable tiling for the chain's M: short tiles at small M; the first stage gets
     ``split[0]``, every later one ``split[1]``. A convolution's chunk holds one tap, so its BK
     is 32 on mma.sync (channels are a multiple of 32 in the tests) and 64 on wgmma. A transposed
     tile (``wgmma_tma_t``) is as tall as M needs, in 8s, up to 64. An attention
-    stage's tile is one head of 16 queries (64 past 64 tokens) on mma.sync, whatever ``mma``."""
+    stage's tile is one head of 16 queries (64 past 64 tokens) on mma.sync, whatever ``mma``; with
+    ``pack``, the heads of a KV head's group (up to 8) of one row of warps' worth of tokens (four
+    rows past 64 tokens)."""
     m = chain.stages[0].m
     n = len(chain.stages)
     splits = (split[0], *([split[1]] * (n - 1)))
@@ -48,20 +50,22 @@ def tiles_for(chain: Chain, split: tuple[int, int] = (1, 1), mma: str = "sync") 
         out = [StageTiles(128, bn, 32, 2, 2, 4, splits[0]), *(StageTiles(64, bn, 32, 2, 2, 4, s) for s in splits[1:])]
     for i, st in enumerate(chain.stages):
         if st.kind == "attention":
-            bm = 16 if m <= 64 else 64
-            out[i] = StageTiles(bm, st.head_dim, 64, bm // 16, 1, 2, splits[i])
+            p = max(h for h in (1, 2, 4, 8) if st.group % h == 0) if pack else 1
+            wm = 1 if m <= 64 else 4
+            out[i] = StageTiles(16 * wm // p, st.head_dim * p, 64, wm, 1, 2, splits[i])
     return tuple(out)
 
 
 def coverage(chain: Chain, mma: str = "sync") -> list[Config]:
-    """One config per allowed combination, alternating split-K and uneven M tiles across them, and
-    the L2 prefetch (every other pair of combinations, so under every launch mode) where the
-    chain's later inputs fit an H200's L2."""
+    """One config per allowed combination, alternating split-K and uneven M tiles across them,
+    attention tiles of one head and of packed heads (every other combination), and the L2
+    prefetch (every other pair of combinations, so under every launch mode) where the chain's
+    later inputs fit an H200's L2."""
     out = []
     prefetch = "l2" if prefetch_allowed("l2", chain, DeviceInfo("H200")) is None else "none"
     for i, (p, o, d, l) in enumerate(combos()):
         split = (2, 2) if i % 3 == 1 else (1, 1)
-        tiles = tiles_for(chain, split, mma)
+        tiles = tiles_for(chain, split, mma, pack=i % 2 == 1)
         if l == "fused":  # one thread count for every stage: an attention tile's warps split its keys
             warps = max(t.warps for t in tiles)
             tiles = tuple(replace(t, wn=warps // t.wm) if st.kind == "attention" else t

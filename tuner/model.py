@@ -74,10 +74,13 @@ def features(g: StageGrid, device: DeviceInfo, estimate: float | None = None) ->
     occ = max(1, blocks_per_sm(t, kind.smem_bytes(g)))
     waves = g.blocks / (device.sms * occ)
     attn = float(kind is attention)
+    # An attention tile's BN is its packed heads: its own feature (weight 0 until a fit has seen
+    # one), not the GEMMs' width, whose fitted weight would rank by the pack.
+    heads = attention.heads_per_tile(g) if attn else 1
     return {
         "log_estimate": math.log(stage_seconds(g, device) if estimate is None else estimate), "log_blocks": math.log(g.blocks),
         "log_waves": math.log(waves), "wave_tail": math.ceil(waves) - waves, "log_split_k": math.log(t.split_k),
-        "stages": float(t.stages), "log_bm": math.log(t.bm), "log_bn": math.log(t.bn), "log_bk": math.log(t.bk),
+        "stages": float(t.stages), "log_bm": math.log(t.bm), "log_bn": math.log(t.bn // heads), "log_bk": math.log(t.bk),
         "log_threads": math.log(t.threads), "log_chunks_per_split": math.log(g.ks), "log_occupancy": math.log(occ),
         # A transposed tile is the same TMA-fed instruction: it shares that feature, and has its own
         # for what the transposition changes (weight 0 until a fit has seen one).
@@ -85,6 +88,7 @@ def features(g: StageGrid, device: DeviceInfo, estimate: float | None = None) ->
         "mma_wgmma_tma": float(t.tma), "transposed": float(t.transposed),
         "conv": float(kind is conv), "attention": attn,
         "attention_log_wn": attn * math.log(t.wn), "attention_log_chunks_per_split": attn * math.log(g.ks),
+        "attention_log_heads": math.log(heads),
     }
 
 

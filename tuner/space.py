@@ -220,6 +220,8 @@ def warp_tile(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
         if t.stages < 3:
             return f"a wgmma ring needs at least 3 stages, got {t.stages}"
         return None
+    if kind_of(g.stage).OWN_WARP_TILE:
+        return None  # the kind's own constraint (stage_kind) judges its warps' tile
     if t.bm % (16 * t.wm) or t.bn % (16 * t.wn):
         return f"a {t.bm}x{t.bn} tile does not split into {t.wm}x{t.wn} warps of 16x16 multiples"
     return None
@@ -244,6 +246,8 @@ def accumulators(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
         if regs + WG_OVERHEAD_REGS > budget:
             return (f"{regs} accumulator registers plus {WG_OVERHEAD_REGS} others exceed the {budget} per thread "
                     f"that {t.threads} threads leave")
+    elif kind_of(g.stage).OWN_WARP_TILE:
+        return None  # judged by the kind (stage_kind)
     else:
         wtm, wtn = t.bm // t.wm, t.bn // t.wn
         regs = wtm * wtn // 32 + (wtm // 16) * 4 + (wtn // 8) * 2

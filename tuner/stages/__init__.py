@@ -6,8 +6,9 @@ for the sync policies and the kernels, once as arrays, ``reads``, for the model 
 ``PER_COLUMN`` where they depend on the tile's column), its tile in the kernel template
 (``TILE_TEMPLATE``, ``HEADER``, ``a_arg``, ``smem_bytes``, ``partial_floats``), its second
 operand (``b_operand``: weights, or an attention's KV cache), its cost-model work
-(``block_work``), its float32 reference and its CuPy and PyTorch baselines, and whether fewer
-rows run padded (``PADS_ROWS``). Everything else finds a stage's kind through :func:`kind_of`.
+(``block_work``), its float32 reference and its CuPy and PyTorch baselines, whether fewer
+rows run padded (``PADS_ROWS``), and whether its tiling problem judges its warps' tile itself
+(``OWN_WARP_TILE``) instead of the shared split of ``BM x BN`` among warps. Everything else finds a stage's kind through :func:`kind_of`.
 """
 from __future__ import annotations
 

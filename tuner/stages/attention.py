@@ -9,15 +9,18 @@ values are one contiguous run of ``2*D`` columns, and its queries one of ``D``. 
 input of its own, ``[kv_heads, 2, cache, D]`` (keys then values per KV head). The output is
 ``[tokens, heads*D]``, head after head, what the output projection reads as its A operand.
 
-As a product: ``M`` = queries, ``N`` = ``heads * D`` (a tile is ``BM`` queries of one head:
-``BN = D``), ``K`` = keys (``cache + tokens``), walked ``BK`` keys per chunk; split-K splits the
-keys (split-KV), the splits' partial softmaxes combined by the last to arrive. A block has
-``WM`` rows of warps, 16 queries each, and ``WN`` warps per row that split each chunk's keys.
+As a product: ``M`` = queries, ``N`` = ``heads * D``, ``K`` = keys (``cache + tokens``), walked
+``BK`` keys per chunk; split-K splits the keys (split-KV), the splits' partial softmaxes combined
+by the last to arrive. A tile is ``BM`` tokens of ``P = BN / D`` heads that share one KV head
+(``P`` divides ``G``): packing a group's heads reads each key and value once for all of them, and
+fills the MMA's 16 rows where decode has a token or two. Its ``BM * P`` query rows are
+token-major; a block has ``WM`` rows of warps, 16 query rows each, and ``WN`` warps per row that
+split each chunk's keys.
 
 Index map: a tile reads from the producer through two regions: its queries (rows of its own
-tokens, the ``D`` query columns of its head) on a split's first chunk, then per chunk the keys
-and values of that chunk's new tokens (the ``2*D`` key and value columns of its head's group).
-Both depend on the tile's head, its column ``n2``: the waits are per tile, not per tile row.
+tokens, the ``P*D`` query columns of its heads) on a split's first chunk, then per chunk the keys
+and values of that chunk's new tokens (the ``2*D`` key and value columns of its heads' group).
+Both depend on the tile's heads, its column ``n2``: the waits are per tile, not per tile row.
 Keys past a tile's last query (the causal mask) are never read.
 """
 from __future__ import annotations
@@ -111,15 +114,17 @@ class AttentionStage(TensorCoreStage):
         return 1.0 / math.sqrt(self.head_dim)
 
 
-# Names of the kind's constants (see env): the cache length, queries per tile's head group, the
-# head size and the query count.
+# Names of the kind's constants (see env): the cache length, query heads per KV head, the head
+# size and the query count.
 _LAST_KEY = "CACHE2 + min(m2 * BM2 + BM2, M2) - 1"  # the tile's last query sees keys up to here
-_GROUP_COL = "n2 // G2 * (G2 + 2) * D2"  # first column of the tile's head group
+_HEAD0 = "n2 * BN2 // D2"  # the tile's first head
+_GROUP_COL = f"{_HEAD0} // G2 * (G2 + 2) * D2"  # first column of the tile's head group
 _IN_MASK = f"kc * BK2 <= {_LAST_KEY}"  # chunk kc holds a key the tile reads
 QUERIES: dict[str, Expr] = {
     "A_ANY": Expr(f"first and {_IN_MASK}"), "A_FRESH": Expr("0"),
     "A_ROW_LO": Expr("m2 * BM2"), "A_ROW_HI": Expr("min(m2 * BM2 + BM2, M2) - 1"),
-    "A_COL": Expr(f"{_GROUP_COL} + n2 % G2 * D2"), "A_COL_HI": Expr(f"{_GROUP_COL} + n2 % G2 * D2 + D2 - 1"),
+    "A_COL": Expr(f"{_GROUP_COL} + {_HEAD0} % G2 * D2"),
+    "A_COL_HI": Expr(f"{_GROUP_COL} + {_HEAD0} % G2 * D2 + BN2 - 1"),
     "A_TILE_LO": Expr("0"), "A_TILE_HI": Expr("min(m2 * BM2 + BM2, M2) - 1"),
 }
 KEYS_VALUES: dict[str, Expr] = {
@@ -130,7 +135,8 @@ KEYS_VALUES: dict[str, Expr] = {
     "A_TILE_LO": Expr("0"), "A_TILE_HI": Expr("min(m2 * BM2 + BM2, M2) - 1"),
 }
 REGIONS = (QUERIES, KEYS_VALUES)
-PER_COLUMN = True  # a tile's reads depend on its head
+PER_COLUMN = True  # a tile's reads depend on its heads
+OWN_WARP_TILE = True  # a warp's tile is 16 query rows by a whole head, whatever BN and WN: judged here
 PADS_ROWS = True  # rows appended after the last token are never attended by it (causal), so
 # fewer tokens can run zero-padded to a tuned count
 
@@ -145,16 +151,26 @@ def env(stage: AttentionStage, idx: str) -> dict[str, int]:
 def tiling_problem(grid: "StageGrid") -> str | None:
     """Why this tiling cannot compute the attention stage, or None."""
     t, st = grid.tiles, grid.stage
-    if t.bn != st.head_dim:
-        return f"a tile is one head: BN={st.head_dim}, got BN={t.bn}"
+    if t.bn % st.head_dim or st.group % (t.bn // st.head_dim):
+        return (f"a tile is whole heads sharing one KV head: BN must be {st.head_dim} times a divisor of "
+                f"{st.group}, got BN={t.bn}")
     if t.mma != "sync" or t.cluster != 1:
         return "attention tiles compute with mma.sync, one block per cluster"
-    if t.bm != 16 * t.wm:
-        return f"each row of warps owns 16 queries: BM must be 16 x WM, got BM={t.bm} WM={t.wm}"
+    p = heads_per_tile(grid)
+    if t.bm * p != 16 * t.wm:
+        return f"each row of warps owns 16 query rows: BM tokens x {p} heads must be 16 x WM, got BM={t.bm} WM={t.wm}"
+    cap = max(16 // p, 1 << (st.m - 1).bit_length())  # one row of warps, or M's power of two
+    if t.bm > cap:
+        return f"BM={t.bm} tokens of {p} heads is taller than needed for {st.m} tokens (at most {cap})"
     if t.bk > 128 or t.bk % (16 * t.wn):
         return (f"a chunk of BK={t.bk} keys, split between WN={t.wn} warps in steps of 16: accepted a multiple "
                 f"of {16 * t.wn} up to 128")
     return None
+
+
+def heads_per_tile(grid: "StageGrid") -> int:
+    """``P``: the query heads a tile packs, which share one KV head."""
+    return grid.tiles.bn // grid.stage.head_dim
 
 
 def smem_bytes(grid: "StageGrid") -> int:
@@ -162,7 +178,7 @@ def smem_bytes(grid: "StageGrid") -> int:
     the end, where ``wn`` warps split the keys, the partial results they merge (float4s: ``D / 8``
     fragments and the softmax state per thread) in the same memory."""
     t, d = grid.tiles, grid.stage.head_dim
-    ring = (t.bm + t.stages * 2 * t.bk) * (d + 8) * 2
+    ring = (t.bm * heads_per_tile(grid) + t.stages * 2 * t.bk) * (d + 8) * 2
     merge = t.wm * (t.wn - 1) * 32 * (d // 8 + 1) * 16
     return max(ring, merge)
 
@@ -177,7 +193,7 @@ def partial_floats(grid: "StageGrid") -> int:
 def template_constants(stage: AttentionStage) -> dict[str, object]:
     """What the kernel template reads of the stage besides the tiling."""
     return {"tokens": stage.tokens, "cache": stage.cache, "heads": stage.heads, "group": stage.group,
-            "scale_log2": repr(stage.scale * math.log2(math.e))}
+            "head_dim": stage.head_dim, "scale_log2": repr(stage.scale * math.log2(math.e))}
 
 
 def a_arg(stage: AttentionStage) -> str:
@@ -199,9 +215,9 @@ def b_operand(stage: AttentionStage) -> tuple[tuple[int, int], float]:
 def block_work(grid: "StageGrid") -> tuple[int, int, int]:
     """For the cost model: bytes one block reads (its queries, the keys and values of its split), FLOPs
     it computes, and the bytes of one ring slot (a chunk's keys and values)."""
-    t, d = grid.tiles, grid.stage.head_dim
+    t, d, p = grid.tiles, grid.stage.head_dim, heads_per_tile(grid)
     keys = grid.ks * t.bk
-    return (min(t.bm, grid.stage.m) + 2 * keys) * d * 2, 4 * t.bm * d * keys, 2 * t.bk * d * 2
+    return (min(t.bm, grid.stage.m) * p + 2 * keys) * d * 2, 4 * t.bm * p * d * keys, 2 * t.bk * d * 2
 
 
 def _split(xp, qkv, cache, stage: AttentionStage):
@@ -302,14 +318,15 @@ def reads(producer: "StageGrid", consumer: "StageGrid") -> list[tuple[np.ndarray
     """The true dependencies: per consumer tile ``(m2, n2)`` (wait row ``m2 * NT + n2``), arrays
     ``(s, m1, n1, kc)``: split ``s`` first reads producer tile ``(m1, n1)`` at chunk ``kc``."""
     st, t = consumer.stage, consumer.tiles
-    c, d, g = st.cache, st.head_dim, st.group
+    c, d, g, p = st.cache, st.head_dim, st.group, heads_per_tile(consumer)
     out = []
     for m2 in range(consumer.mt):
         q0, q1 = m2 * t.bm, min(m2 * t.bm + t.bm, st.m)
         last_key = c + q1 - 1
         for n2 in range(consumer.nt):
-            base = n2 // g * (g + 2) * d
-            q_cols, kv_cols = (base + n2 % g * d, base + n2 % g * d + d), (base + g * d, base + g * d + 2 * d)
+            h0 = n2 * p
+            base = h0 // g * (g + 2) * d
+            q_cols, kv_cols = (base + h0 % g * d, base + h0 % g * d + p * d), (base + g * d, base + g * d + 2 * d)
             seen: dict[tuple[int, int, int], int] = {}
             for s in range(t.split_k):
                 for kc in consumer.split_chunks(s):

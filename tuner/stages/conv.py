@@ -90,6 +90,7 @@ INDEX_MAP: dict[str, Expr] = {
 }
 REGIONS = (INDEX_MAP,)
 PER_COLUMN = False  # a tile's reads do not depend on its column
+OWN_WARP_TILE = False  # a warp's tile is its share of BM x BN (space.warp_tile, space.accumulators)
 PADS_ROWS = False  # rows are pixels of images of one size, which the input's shape alone does not tell
 
 

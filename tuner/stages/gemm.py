@@ -60,6 +60,7 @@ INDEX_MAP: dict[str, Expr] = {"A_ANY": Expr("1"), "A_FRESH": Expr("0"),
                               "A_COL": Expr("kc * BK2"), "A_COL_HI": Expr("kc * BK2 + BK2 - 1")}
 REGIONS = (INDEX_MAP,)
 PER_COLUMN = False  # a tile's reads do not depend on its column
+OWN_WARP_TILE = False  # a warp's tile is its share of BM x BN (space.warp_tile, space.accumulators)
 PADS_ROWS = True  # rows are independent: fewer can run zero-padded to a tuned count
 
 
