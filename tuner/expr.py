@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Mapping
+from typing import Any, Mapping
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "/", ast.Mod: "%"}
 _CMPOPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
@@ -106,8 +106,12 @@ class Expr:
         tree = ast.fix_missing_locations(_Sub().visit(ast.parse(self.text, mode="eval")))
         return Expr(ast.unparse(tree))
 
-    def __call__(self, env: Mapping[str, int]) -> int:
+    def values(self, env: Mapping[str, Any]) -> Any:
+        """The formula over integers or integer arrays alike (``min`` and ``max`` take integers)."""
         missing = self.names - env.keys()
         if missing:
             raise ExprError(f"{self.text!r}: no value for {', '.join(sorted(missing))}")
-        return int(eval(self._code, {"__builtins__": {}, "min": min, "max": max}, dict(env)))
+        return eval(self._code, {"__builtins__": {}, "min": min, "max": max}, dict(env))
+
+    def __call__(self, env: Mapping[str, int]) -> int:
+        return int(self.values(env))

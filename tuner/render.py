@@ -16,7 +16,8 @@ import jinja2
 
 from .device import DeviceInfo
 from .config import Config, StageGrid, StageTiles
-from .tiling import CONSUMER_REGS, PRODUCER_REGS
+from .expr import Expr
+from .tiling import CONSUMER_REGS, PRODUCER_REGS, SPLIT_BEGIN
 from .epilogues import get_epilogue
 from .stages import kind_of
 from .paths import templates_dir
@@ -239,6 +240,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
         prefetch=dict(prefetched_bytes(chain)) if config.prefetch == "l2" else {},
         dispatch=config.dispatch, fault=fault, err_word=err_word, fused_ticket=fused_ticket,
         total_blocks=total_blocks, threads=threads,
+        split_begin=SPLIT_BEGIN.c, split_end=SPLIT_BEGIN.substitute({"s": Expr("s + 1")}).c,
         headers=_headers({t.wgmma_n for t in config.tiles if t.warpgroup},
                          list(dict.fromkeys(h for st in chain.stages if (h := kind_of(st).HEADER)))))
     if config.launch == "fused":

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .expr import Expr
+
 
 class Shaped(Protocol):
     """What a grid reads of a stage: the ``M x N x K`` of its product."""
@@ -151,6 +153,13 @@ class StageTiles:
         return self.bm * self.transposed_pitch * 4
 
 
+# The first K chunk of split s of KC chunks in S splits, here and in the kernels: the chunks are
+# dealt as evenly as they go (split sizes differ by at most one), so any split count up to the
+# chunk count leaves no split empty: 17 chunks make 8 splits of 2 or 3, where ceil-sized splits
+# of 3 would fill only 6.
+SPLIT_BEGIN = Expr("s * KC // S")
+
+
 @dataclass(frozen=True)
 class StageGrid:
     """How a stage's output is cut into tiles, derived from its size and tiling."""
@@ -181,11 +190,8 @@ class StageGrid:
         return self.mt * self.nt * self.tiles.split_k
 
     def split_begin(self, s):
-        """First K chunk of split ``s`` (an int or an integer array). The chunks are dealt as evenly
-        as they go (split sizes differ by at most one), so any split count up to the chunk count
-        leaves no split empty: 17 chunks make 8 splits of 2 or 3, where ceil-sized splits of 3
-        would fill only 6."""
-        return s * self.kc // self.tiles.split_k
+        """First K chunk of split ``s`` (an int or an integer array): :data:`SPLIT_BEGIN`."""
+        return SPLIT_BEGIN.values({"s": s, "KC": self.kc, "S": self.tiles.split_k})
 
     def split_of(self, kc):
         """The split that chunk ``kc`` (an int or an integer array) belongs to."""
