@@ -8,7 +8,7 @@ import pytest
 
 from tuner.cli import main
 from tuner.paths import home
-from tuner.report import collect_series, default_summaries, write_report
+from tuner.report import LATER_RUNS, collect_series, default_summaries, write_report
 from tuner.workloads import get_workload
 
 pytest.importorskip("matplotlib")
@@ -95,3 +95,7 @@ def test_a_row_timed_in_graphs_outranks_one_timed_as_launches_and_a_run_outranks
     assert searches and max(searches) < min(i for i, p in enumerate(shipped) if p.parent.name != "search")
     (s,) = [s for s in collect_series("llama", shipped) if s.name == "hidden=8192,ffn=3584"]
     assert s.sources[get_workload("llama").chain(tokens=320).label].endswith("llama-1-64-320.bench.json")
+    # A run made after a kernel change (realloc/) outranks the earlier runs of the same size.
+    later = [i for i, p in enumerate(shipped) if p.parent.name in LATER_RUNS]
+    assert later and min(later) > max(i for i, p in enumerate(shipped) if p.parent.name == "studies")
+    assert s.sources[get_workload("llama").chain(tokens=1024).label].endswith("realloc/llama-1024.bench.json")

@@ -33,14 +33,21 @@ class Series:
         return ",".join(f"{k}={v}" for k, v in self.shape.items()) or "default"
 
 
+# Folders of ``studies/`` whose bench runs, made after a kernel change, supersede the earlier ones,
+# oldest first (the other folders hold experiments: ablations, rechecks, strategies).
+LATER_RUNS = ("realloc", "gqa")
+
+
 def default_summaries(workload: str) -> list[Path]:
     """The workload's summaries under ``studies/``: the searches from scratch (``search/``), the
-    main one, then the others of its runs (``<workload>-*.bench.json``), each group in name order,
-    so that a bench run's row outranks a search experiment's. A name's prefix is not enough
+    main one, then the others of its runs (``<workload>-*.bench.json``), then those of the
+    :data:`LATER_RUNS` folders, each group in name order, so that a bench run's row outranks a
+    search experiment's and a later run's an earlier one's. A name's prefix is not enough
     (``gpt3-attn-decode`` starts like a ``gpt3`` run): each file's own workload decides."""
     root = home() / "studies"
     found = [*sorted((root / "search").glob(f"{workload}-*.bench.json")), root / f"{workload}.bench.json",
-             *sorted(root.glob(f"{workload}-*.bench.json"))]
+             *sorted(root.glob(f"{workload}-*.bench.json")),
+             *(p for folder in LATER_RUNS for p in sorted((root / folder).glob(f"{workload}-*.bench.json")))]
     return [p for p in found if p.is_file() and _workload_of(p) in (workload, None)]
 
 
