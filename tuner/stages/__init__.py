@@ -8,7 +8,8 @@ for the sync policies and the kernels, once as arrays, ``reads``, for the model 
 operand (``b_operand``: weights, or an attention's KV cache), its cost-model work
 (``block_work``), its float32 reference and its CuPy and PyTorch baselines, whether fewer
 rows run padded (``PADS_ROWS``), and whether its tiling problem judges its warps' tile itself
-(``OWN_WARP_TILE``) instead of the shared split of ``BM x BN`` among warps. Everything else finds a stage's kind through :func:`kind_of`.
+(``OWN_WARP_TILE``) instead of the shared split of ``BM x BN`` among warps. Everything else
+finds a stage's kind through :func:`kind_of`.
 """
 from __future__ import annotations
 
