@@ -159,6 +159,10 @@ def _after_mainloop(tl: StageTiles) -> dict[str, str]:
     return dict(BAR="__syncthreads()", EPI_THREADS="T::THREADS", SPIN="tuner_spin_until")
 
 
+# Split s's first and last-plus-one K chunks as the kernels compute them (tiling.SPLIT_BEGIN).
+_SPLIT_BEGIN_C, _SPLIT_END_C = SPLIT_BEGIN.c, SPLIT_BEGIN.substitute({"s": Expr("s + 1")}).c
+
+
 def a_rows(m: int, bm: int) -> int:
     """Rows of A a TMA stage requests: the tile's, or M rounded up to whole 8-row swizzle groups
     when the matrix is shorter (a box reaching far past the edge costs time for nothing)."""
@@ -240,7 +244,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
         prefetch=dict(prefetched_bytes(chain)) if config.prefetch == "l2" else {},
         dispatch=config.dispatch, fault=fault, err_word=err_word, fused_ticket=fused_ticket,
         total_blocks=total_blocks, threads=threads,
-        split_begin=SPLIT_BEGIN.c, split_end=SPLIT_BEGIN.substitute({"s": Expr("s + 1")}).c,
+        split_begin=_SPLIT_BEGIN_C, split_end=_SPLIT_END_C,
         headers=_headers({t.wgmma_n for t in config.tiles if t.warpgroup},
                          list(dict.fromkeys(h for st in chain.stages if (h := kind_of(st).HEADER)))))
     if config.launch == "fused":

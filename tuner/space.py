@@ -29,7 +29,7 @@ from . import UsageError
 from .device import DeviceInfo
 from .config import GLOBAL_DEFAULTS, GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
 from .expr import Expr
-from .tiling import CONSUMER_REGS, WG_OVERHEAD_REGS, even_share
+from .tiling import CONSUMER_REGS, WG_OVERHEAD_REGS, even_share, next_pow2
 from .prefetch import PREFETCHES, prefetch_allowed
 from .stages import kind_of
 from .sync import (DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, grid_env, launch_allowed, pair_env)
@@ -183,10 +183,6 @@ def load_space(path: str | Path) -> SearchSpace:
 # ---------------------------------------------------------------------------
 # Hard constraints. Each takes what it needs and returns why the choice is
 # impossible, or None. A config is feasible when every one returns None.
-
-
-def next_pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
 
 
 WGMMA_ARCHS = ("sm_90", "sm_90a")  # warpgroup MMAs exist on Hopper only

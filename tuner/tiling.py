@@ -57,6 +57,10 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
 @dataclass(frozen=True)
 class StageTiles:
     """Tiling of one GEMM stage: block tile, warp grid, pipeline depth, split-K, MMA instruction

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from ..expr import Expr
+from ..tiling import next_pow2
 from .base import TensorCoreStage, WorkloadError
 from .gemm import producer_cols
 
@@ -159,7 +160,7 @@ def tiling_problem(grid: "StageGrid") -> str | None:
     p = heads_per_tile(grid)
     if t.bm * p != 16 * t.wm:
         return f"each row of warps owns 16 query rows: BM tokens x {p} heads must be 16 x WM, got BM={t.bm} WM={t.wm}"
-    cap = max(16 // p, 1 << (st.m - 1).bit_length())  # one row of warps, or M's power of two
+    cap = max(16 // p, next_pow2(st.m))  # one row of warps, or M's power of two
     if t.bm > cap:
         return f"BM={t.bm} tokens of {p} heads is taller than needed for {st.m} tokens (at most {cap})"
     if t.bk > 128 or t.bk % (16 * t.wn):
