@@ -294,3 +294,14 @@ def test_each_stage_alone_is_timed_again_with_its_fastest_tilings_against_the_li
         assert r["ours_us"] == 10.0 and r["config"] == cfgs[0].short() and r["baselines_us"] == {"cupy cublas": 11.0}
     text = bench.stages_table({"rows": [{"label": chain.label, "stages_alone": rows}]})
     assert "gpt3.gemm1  256x6144x12288  gelu" in text.splitlines()[1] and "(cupy cublas)  1.10" in text.splitlines()[1]
+
+
+def test_the_library_profiling_script_refuses_a_label_no_workload_has_in_one_line():
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "benchmarks/profile_library.py", "gpt3.gemm9/tokens=256"], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == ["'gpt3.gemm9/tokens=256': gpt3 has no stage 'gemm9'; stages: gemm1, gemm2"]
