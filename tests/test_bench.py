@@ -46,6 +46,7 @@ class FakeBackend:
     """What GpuBackend.time_rounds uses of its backend: load, verify and the repetition counts."""
 
     warmup, reps, IDLE_S, SCREEN_REPS = 1, 3, 0.0, 2
+    ready = GpuBackend.ready  # the real one, over the fake load and verify
 
     def __init__(self, log, broken=(), broken_after_timing=(), graphs=False):
         self.log, self.broken, self.broken_after_timing, self.graphs = log, broken, broken_after_timing, graphs
@@ -305,3 +306,16 @@ def test_the_library_profiling_script_refuses_a_label_no_workload_has_in_one_lin
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == ["'gpt3.gemm9/tokens=256': gpt3 has no stage 'gemm9'; stages: gemm1, gemm2"]
+
+
+def test_the_template_ab_script_refuses_a_variant_without_kernel_templates_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "benchmarks/template_ab.py", str(tmp_path), "--config",
+                           "studies/recheck/gpt3-256.measurements.json", "gpt3.gemm2/tokens=256"], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        f"{tmp_path}: no kernel_templates/ folder in it (a variant holds a copy of kernel_templates/)"]

@@ -203,3 +203,22 @@ def test_a_tile_too_large_for_the_even_share_moves_registers_from_its_producer_w
     fused = ("tile", "row", "ticket", "fused", "none")
     rng = np.random.default_rng(0)
     assert not any(t.realloc for _ in range(200) for t in fs.sample(rng, fused).tiles)
+
+
+def test_a_process_renders_from_the_templates_folder_tuner_home_names_at_each_render(tmp_path, monkeypatch):
+    """What lets benchmarks/template_ab.py time a changed template beside the shipped one in one process."""
+    import shutil
+
+    cfg = coverage(CHAIN, "wgmma_tma")[0]
+    shipped = render(CHAIN, cfg)
+    shutil.copytree(home() / "kernel_templates", tmp_path / "kernel_templates")
+    header = tmp_path / "kernel_templates" / "wgmma.cuh"
+    header.write_text(header.read_text() + "\n// a variant\n")
+    template = tmp_path / "kernel_templates" / "chain.cu.j2"
+    template.write_text("// a variant of the chain\n" + template.read_text())
+    monkeypatch.setenv("TUNER_HOME", str(tmp_path))
+    variant = render(CHAIN, cfg)
+    assert "// a variant\n" in variant.source and "// a variant of the chain" in variant.source
+    assert variant.hash != shipped.hash
+    monkeypatch.delenv("TUNER_HOME")
+    assert render(CHAIN, cfg).hash == shipped.hash

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import jinja2
@@ -86,17 +87,27 @@ class Rendered:
         return out
 
 
-@lru_cache(maxsize=1)
+# Both caches are per templates folder, so that a process may render from another one
+# (TUNER_HOME set between renders: benchmarks/template_ab.py times variants side by side).
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
-                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    return _env_of(templates_dir())
 
 
 @lru_cache(maxsize=None)
+def _env_of(root: Path) -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(root)), undefined=jinja2.StrictUndefined,
+                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+
+
 def _header(name: str) -> str:
+    return _header_of(templates_dir(), name)
+
+
+@lru_cache(maxsize=None)
+def _header_of(root: Path, name: str) -> str:
     # Plain CUDA headers, pasted in verbatim (inline PTX braces would confuse Jinja), so the
     # rendered source is self-contained and its hash covers every line the compiler sees.
-    text = (templates_dir() / name).read_text()
+    text = (root / name).read_text()
     return f"// ---- {name}\n" + text.replace("#pragma once\n", "")
 
 

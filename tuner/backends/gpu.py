@@ -413,6 +413,15 @@ class GpuBackend(Backend):
         """Compile ahead on every core; yields each target's index as its compile ends."""
         return compile_ahead(targets, self._device.arch, self.cache_dir, device_epoch=self.graphs)
 
+    def ready(self, chain: Chain, config: Config, graphs: bool) -> tuple[Runner | None, str | None]:
+        """Loaded, verified (fresh inputs, poisoned outputs) and, with ``graphs``, captured in CUDA
+        graphs: the runner to time, or None and why not."""
+        runner, m = self.load(chain, config, device_epoch=graphs)
+        why = m.message if runner is None else self.verify(chain, runner)[1]
+        if not why and graphs:
+            why = _capture(runner)
+        return (None, why) if why else (runner, None)
+
     def time_rounds(self, chain: Chain, configs: Sequence[Config], rounds: int,
                     extra: dict[str, Any] | None = None, idle_s: float | None = None, graphs: bool | None = None
                     ) -> dict[Any, list[float] | str]:
@@ -429,10 +438,7 @@ class GpuBackend(Backend):
         timers: dict[Any, Any] = {}
         runners = {}
         for cfg in configs:
-            runner, m = self.load(chain, cfg, device_epoch=graphs)
-            why = m.message if runner is None else self.verify(chain, runner)[1]
-            if not why and graphs:
-                why = _capture(runner)
+            runner, why = self.ready(chain, cfg, graphs)
             if why:
                 out[cfg] = why
                 continue

@@ -1,0 +1,89 @@
+"""A kernel change measured before it lands: recorded configs rendered from this checkout's
+kernel templates and from each variant's, verified, then timed side by side in interleaved rounds.
+
+    python benchmarks/template_ab.py VARIANT [VARIANT ...] --config RECORDING LABEL [RANK] [--config ...]
+    # a variant is a folder holding a kernel_templates/ of its own, e.g. a copy with one change:
+    cp -r kernel_templates /tmp/fence/ && $EDITOR /tmp/fence/kernel_templates/wgmma.cuh
+    python benchmarks/template_ab.py /tmp/fence \\
+        --config studies/recheck/gpt3-256.measurements.json 'gpt3.gemm2/tokens=256' \\
+        --config studies/realloc/gpt3-2048.measurements.json 'gpt3.gemm2/tokens=2048'
+
+Each ``--config`` picks a recorded config as ``profile_config.py`` does (the one ranked RANK,
+default 0, among the measured configs whose label contains LABEL). Every source is checked
+against the float32 reference on fresh inputs before it is timed; one that fails is reported,
+not timed. The rounds interleave every source of a config after idle (the H200's clock drops
+under sustained load), in CUDA graphs with ``--graphs``. Prints the median of rounds of each
+source and its ratio to this checkout's (below 1: the variant is faster). GPU only.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from statistics import median
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tuner.backends.replay import ReplayError, read_recording  # noqa: E402
+from tuner.paths import home  # noqa: E402
+from tuner.workloads import chain_from_label  # noqa: E402
+
+
+def variant_homes(paths: list[str]) -> dict[str, Path]:
+    """This checkout first, then each variant folder by name; a folder without kernel_templates/ is refused."""
+    homes = {"this checkout": home()}
+    for p in paths:
+        root = Path(p)
+        if not (root / "kernel_templates").is_dir():
+            raise SystemExit(f"{p}: no kernel_templates/ folder in it (a variant holds a copy of kernel_templates/)")
+        homes[root.name] = root
+    return homes
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("variants", nargs="+", help="folders each holding a kernel_templates/ to compare")
+    ap.add_argument("--config", nargs="+", action="append", required=True, metavar="RECORDING LABEL [RANK]",
+                    help="a recorded config to time (repeatable)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    ap.add_argument("--graphs", action="store_true", help="time from CUDA graphs, as bench --graphs does")
+    args = ap.parse_args()
+    homes = variant_homes(args.variants)
+    targets = []
+    for spec in args.config:
+        if len(spec) not in (2, 3):
+            raise SystemExit(f"--config {' '.join(spec)}: give RECORDING LABEL [RANK]")
+        try:
+            rec = read_recording(spec[0]).pick(spec[1], int(spec[2]) if len(spec) == 3 else 0)
+        except (ReplayError, ValueError) as exc:
+            raise SystemExit(f"--config {' '.join(spec)}: {exc}") from None
+        targets.append(rec)
+
+    from tuner.backends.gpu import GpuBackend
+
+    gpu = GpuBackend(graphs=args.graphs)
+    for rec in targets:
+        chain = chain_from_label(rec.label)
+        timers, failed = {}, {}
+        for name, root in homes.items():
+            os.environ["TUNER_HOME"] = str(root)  # the renderer reads its templates from here
+            runner, why = gpu.ready(chain, rec.config, args.graphs)
+            if why:
+                failed[name] = why
+            else:
+                timers[name] = runner.time_graphs if args.graphs else runner.time
+        got = gpu.time_rounds(chain, [], args.rounds, extra=timers)
+        print(f"{rec.label}: {rec.config.short()} (recorded {rec.measurement.median_us:.1f} us)")
+        base = median(got["this checkout"]) if "this checkout" in got else None
+        for name in homes:
+            if name in failed:
+                print(f"  {name:>16}: FAILED {failed[name]}")
+                continue
+            us = median(got[name])
+            print(f"  {name:>16}: {us:8.2f} us" + (f"  x{us / base:.3f}" if base else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
