@@ -25,7 +25,7 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.backends.replay import ReplayError, read_recording  # noqa: E402
+from tuner.backends.replay import Record, ReplayError, read_recording  # noqa: E402
 from tuner.paths import home  # noqa: E402
 from tuner.workloads import chain_from_label  # noqa: E402
 
@@ -41,24 +41,35 @@ def variant_homes(paths: list[str]) -> dict[str, Path]:
     return homes
 
 
+def config_arguments(ap: argparse.ArgumentParser) -> None:
+    """The repeatable ``--config RECORDING LABEL [RANK]``."""
+    ap.add_argument("--config", nargs="+", action="append", required=True, metavar="RECORDING LABEL [RANK]",
+                    help="a recorded config (repeatable): the one ranked RANK (default 0) among the measured "
+                         "configs whose label contains LABEL")
+
+
+def picked_configs(specs: list[list[str]]) -> list[Record]:
+    """The record each ``--config`` names; exits with one line for a spec that names none."""
+    targets = []
+    for spec in specs:
+        if len(spec) not in (2, 3):
+            raise SystemExit(f"--config {' '.join(spec)}: give RECORDING LABEL [RANK]")
+        try:
+            targets.append(read_recording(spec[0]).pick(spec[1], int(spec[2]) if len(spec) == 3 else 0))
+        except (ReplayError, ValueError) as exc:
+            raise SystemExit(f"--config {' '.join(spec)}: {exc}") from None
+    return targets
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("variants", nargs="+", help="folders each holding a kernel_templates/ to compare")
-    ap.add_argument("--config", nargs="+", action="append", required=True, metavar="RECORDING LABEL [RANK]",
-                    help="a recorded config to time (repeatable)")
+    config_arguments(ap)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     ap.add_argument("--graphs", action="store_true", help="time from CUDA graphs, as bench --graphs does")
     args = ap.parse_args()
     homes = variant_homes(args.variants)
-    targets = []
-    for spec in args.config:
-        if len(spec) not in (2, 3):
-            raise SystemExit(f"--config {' '.join(spec)}: give RECORDING LABEL [RANK]")
-        try:
-            rec = read_recording(spec[0]).pick(spec[1], int(spec[2]) if len(spec) == 3 else 0)
-        except (ReplayError, ValueError) as exc:
-            raise SystemExit(f"--config {' '.join(spec)}: {exc}") from None
-        targets.append(rec)
+    targets = picked_configs(args.config)
 
     from tuner.backends.gpu import GpuBackend
 

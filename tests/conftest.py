@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -27,6 +30,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def synthetic_file() -> Path:
     """The synthetic recording (modelled figures, not measurements) made by tests/data/make_synthetic.py."""
     return SYNTHETIC
+
+
+@pytest.fixture(scope="session")
+def run_benchmark() -> Callable[..., subprocess.CompletedProcess]:
+    """Runs ``benchmarks/NAME ARGS...`` from the repository root as a user would; returns the
+    finished process, its output captured as text."""
+
+    def run(name: str, *args: object, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, f"benchmarks/{name}", *map(str, args)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=timeout)
+
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -297,25 +297,24 @@ def test_each_stage_alone_is_timed_again_with_its_fastest_tilings_against_the_li
     assert "gpt3.gemm1  256x6144x12288  gelu" in text.splitlines()[1] and "(cupy cublas)  1.10" in text.splitlines()[1]
 
 
-def test_the_library_profiling_script_refuses_a_label_no_workload_has_in_one_line():
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run([sys.executable, "benchmarks/profile_library.py", "gpt3.gemm9/tokens=256"], cwd=root,
-                          capture_output=True, text=True, timeout=120)
+def test_the_library_profiling_script_refuses_a_label_no_workload_has_in_one_line(run_benchmark):
+    done = run_benchmark("profile_library.py", "gpt3.gemm9/tokens=256")
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == ["'gpt3.gemm9/tokens=256': gpt3 has no stage 'gemm9'; stages: gemm1, gemm2"]
 
 
-def test_the_template_ab_script_refuses_a_variant_without_kernel_templates_in_one_line(tmp_path):
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run([sys.executable, "benchmarks/template_ab.py", str(tmp_path), "--config",
-                           "studies/recheck/gpt3-256.measurements.json", "gpt3.gemm2/tokens=256"], cwd=root,
-                          capture_output=True, text=True, timeout=120)
+def test_the_template_ab_script_refuses_a_variant_without_kernel_templates_in_one_line(tmp_path, run_benchmark):
+    done = run_benchmark("template_ab.py", tmp_path, "--config", "studies/recheck/gpt3-256.measurements.json",
+                         "gpt3.gemm2/tokens=256")
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == [
         f"{tmp_path}: no kernel_templates/ folder in it (a variant holds a copy of kernel_templates/)"]
+
+
+@pytest.mark.parametrize("script", ["template_ab.py", "sass_stats.py"])
+def test_the_variant_scripts_refuse_a_config_the_recording_lacks_in_one_line(script, tmp_path, run_benchmark):
+    (tmp_path / "kernel_templates").mkdir()
+    done = run_benchmark(script, tmp_path, "--config", "studies/recheck/gpt3-256.measurements.json", "gpt3.gemm9/tokens=256")
+    assert done.returncode != 0
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("--config studies/recheck/gpt3-256.measurements.json gpt3.gemm9/tokens=256: ")

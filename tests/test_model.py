@@ -3,16 +3,12 @@ stages it has not seen better than the coarse model (on the recorded H200 timing
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 from tuner import model
 from tuner.backends.base import DeviceInfo
 from tuner.config import StageGrid, StageTiles
 from tuner.workloads import chain_from_label
 
-ROOT = Path(__file__).resolve().parent.parent
 H200 = DeviceInfo("NVIDIA H200")
 GEMM1 = chain_from_label("gpt3.gemm1/tokens=256,hidden=12288,ffn=6144").stages[0]
 
@@ -33,9 +29,8 @@ def test_without_a_fit_the_ranking_is_the_coarse_estimate(tmp_path, monkeypatch)
         model._fitted.cache_clear()
 
 
-def test_the_fit_orders_unseen_stages_better_than_the_coarse_model():
-    done = subprocess.run([sys.executable, "benchmarks/fit_cost_model.py"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+def test_the_fit_orders_unseen_stages_better_than_the_coarse_model(run_benchmark):
+    done = run_benchmark("fit_cost_model.py", timeout=300)
     assert done.returncode == 0, done.stderr
     rows = {line[:24].strip(): line[24:].split() for line in done.stdout.splitlines()
             if line.startswith(("coarse model", "fitted"))}

@@ -1,0 +1,83 @@
+"""What the compiler made of a kernel change, without a GPU: the static SASS of recorded configs'
+MMA loops, rendered from this checkout's kernel templates and from each variant's.
+
+    python benchmarks/sass_stats.py [VARIANT ...] --config RECORDING LABEL [RANK] [--config ...] [--dump DIR]
+    python benchmarks/sass_stats.py /tmp/fence \\
+        --config studies/recheck/gpt3-256.measurements.json 'gpt3.gemm1/tokens=256' 6
+
+Variants and ``--config`` as in ``template_ab.py``. Each source is compiled with NVRTC (on the
+CPU, through the kernel cache) and disassembled with ``nvdisasm`` (``pip install
+'.[inspect]'``); for each kernel it prints the static counts of its MMA loop (``tuner/sass.py``
+says which loop and what is counted): instructions per ``HGMMA``, the register-to-uniform moves,
+the ``wgmma`` fences and waits, and whether ptxas serialized the MMAs. Counts of the code, not
+measurements of its time: ``template_ab.py`` times a change on the GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from template_ab import config_arguments, picked_configs, variant_homes  # noqa: E402
+
+from tuner.sass import DisassemblerMissing, disassemble, mma_loop, nvdisasm, parse_sass  # noqa: E402
+
+SHOWN = ("HGMMA", "R2UR", "WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR", "SYNCS", "BAR")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("variants", nargs="*", help="folders each holding a kernel_templates/ to compare")
+    config_arguments(ap)
+    ap.add_argument("--dump", metavar="DIR", help="also write each source and its SASS into DIR")
+    args = ap.parse_args()
+    homes = variant_homes(args.variants)
+    targets = picked_configs(args.config)
+    try:
+        nvdisasm()
+    except DisassemblerMissing as exc:
+        raise SystemExit(str(exc)) from None
+
+    from tuner.compile import CompileError, compile_source
+    from tuner.render import render
+    from tuner.workloads import chain_from_label
+
+    dump = Path(args.dump) if args.dump else None
+    if dump:
+        dump.mkdir(parents=True, exist_ok=True)
+    for n, rec in enumerate(targets):
+        chain = chain_from_label(rec.label)
+        print(f"{rec.label}: {rec.config.short()}")
+        print(f"  {'templates':>16} {'kernel':>14} {'regs':>5} {'insns':>6} {'loop':>5} {'HGMMA':>5} "
+              f"{'per HGMMA':>9}  " + " ".join(f"{op.split('.')[-1]:>6}" for op in SHOWN[1:]))
+        for name, root in homes.items():
+            os.environ["TUNER_HOME"] = str(root)  # the renderer reads its templates from here
+            rendered = render(chain, rec.config)
+            try:
+                mod = compile_source(rendered.source, "sm_90a")
+            except CompileError as exc:
+                print(f"  {name:>16}: compile failed: {exc.message}")
+                continue
+            sass = disassemble(mod.cubin)
+            if dump:
+                stem = f"{n}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}"
+                (dump / f"{stem}.cu").write_text(rendered.source)
+                (dump / f"{stem}.sass").write_text(sass)
+            for fn in parse_sass(sass):
+                s = mma_loop(fn)
+                regs = mod.kernels.get(fn.name, {}).get("registers", "")
+                if s.loop is None:
+                    print(f"  {name:>16} {fn.name:>14} {regs:>5} {s.instructions:>6}   (no MMA loop)")
+                    continue
+                print(f"  {name:>16} {fn.name:>14} {regs:>5} {s.instructions:>6} {s.loop:>5} {s.hgmma:>5} "
+                      f"{s.per_hgmma:>9.1f}  " + " ".join(f"{s.ops[op]:>6}" for op in SHOWN[1:])
+                      + ("  SERIALIZED: each MMA waits for the last" if s.serialized else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

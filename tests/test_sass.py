@@ -1,0 +1,110 @@
+"""What the compiler makes of the MMA loop, read from the SASS: no GPU needed."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tuner import compile as tc
+from tuner import sass
+from tuner.cases import coverage
+from tuner.paths import home
+from tuner.render import render
+from tuner.workloads import get_workload
+
+CHAIN = get_workload("gpt3").chain(tokens=64)
+
+try:
+    tc.toolkit_version()
+    sass.nvdisasm()
+    HAVE_TOOLS = True
+except (tc.ToolchainMissing, sass.DisassemblerMissing):
+    HAVE_TOOLS = False
+tools = pytest.mark.skipif(not HAVE_TOOLS, reason="needs NVRTC and nvdisasm (pip install -e '.[compile,inspect]')")
+
+# A ring-slot loop as nvdisasm prints it: a barrier wait whose slow path spins in a loop of its own,
+# then two MMAs committed as one group, and a wait that leaves that group in flight.
+PIPELINED = """\
+//--------------------- .text.stage0_kernel        --------------------------
+stage0_kernel:
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R7+URZ+0x38000], R2 ;
+        /*0020*/               @P0 BRA `(.L_x_3) ;
+.L_x_2:
+        /*0030*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R7+URZ+0x38000], R4 ;
+        /*0040*/              @!P0 BRA `(.L_x_2) ;
+.L_x_3:
+        /*0050*/                   WARPGROUP.ARRIVE ;
+        /*0060*/                   HGMMA.64x96x16.F32 R24, gdesc[UR16], R24 ;
+        /*0070*/                   HGMMA.64x96x16.F32 R24, gdesc[UR20], R24, gsb0 ;
+        /*0080*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*0090*/                   ISETP.GE.U32.AND P0, PT, R11, 0xc0, PT ;
+        /*00a0*/              @!P0 BRA `(.L_x_1) ;
+        /*00b0*/                   EXIT ;
+"""
+
+
+def test_the_mma_loop_is_counted_without_the_spin_of_a_wait_nested_in_it():
+    (fn,) = sass.parse_sass(PIPELINED)
+    stats = sass.mma_loop(fn)
+    assert fn.name == "stage0_kernel" and stats.instructions == 12
+    assert (stats.loop, stats.nested, stats.hgmma) == (8, 2, 2)
+    assert stats.per_hgmma == 4.0
+    assert stats.ops["WARPGROUP.ARRIVE"] == 1 and stats.ops["WARPGROUP.DEPBAR"] == 1
+    assert not stats.serialized
+
+
+def test_mmas_each_waited_for_before_the_next_are_flagged_serialized():
+    serialized = PIPELINED.replace(
+        "HGMMA.64x96x16.F32 R24, gdesc[UR16], R24 ;",
+        "HGMMA.64x96x16.F32 R24, gdesc[UR16], R24, gsb0 ;\n"
+        "        /*0061*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n"
+        "        /*0062*/                   WARPGROUP.ARRIVE ;")
+    assert sass.mma_loop(sass.parse_sass(serialized)[0]).serialized
+
+
+def test_a_kernel_without_mma_has_no_mma_loop():
+    (fn,) = sass.parse_sass(PIPELINED.replace("HGMMA.64x96x16.F32", "HMMA.16816.F32"))
+    stats = sass.mma_loop(fn)
+    assert stats.loop is None and stats.per_hgmma is None and not stats.serialized
+
+
+def _loops(monkeypatch, mma: str, templates=None) -> list[sass.LoopStats]:
+    if templates is not None:
+        monkeypatch.setenv("TUNER_HOME", str(templates))
+    cfg = coverage(CHAIN, mma)[0]
+    return sass.mma_loops(tc.compile_source(render(CHAIN, cfg).source, "sm_90a").cubin)
+
+
+@tools
+@pytest.mark.parametrize("mma", ["wgmma", "wgmma_tma", "wgmma_tma_t"])
+def test_the_shipped_mma_loops_keep_a_group_of_mmas_in_flight(mma, monkeypatch):
+    """One wgmma.fence and one wait per ring slot, four k16 MMAs of a 64-wide K slab between them."""
+    loops = _loops(monkeypatch, mma)
+    assert loops and all(s.hgmma == 4 and not s.serialized for s in loops)
+    assert all(s.ops["WARPGROUP.ARRIVE"] == 1 and s.ops["WARPGROUP.DEPBAR"] == 1 for s in loops)
+
+
+@tools
+def test_a_template_without_the_fence_before_each_slot_gets_its_mmas_serialized(tmp_path, monkeypatch):
+    """Why wgmma_slot fences every slot, although PTX orders accumulator accesses between MMAs
+    of one shape without it: ptxas then waits for each MMA before issuing the next."""
+    shutil.copytree(home() / "kernel_templates", tmp_path / "kernel_templates")
+    header = tmp_path / "kernel_templates" / "wgmma.cuh"
+    fenced = "  wgmma_fence();\n#pragma unroll\n  for (int atom"
+    assert fenced in header.read_text()
+    header.write_text(header.read_text().replace(fenced, "#pragma unroll\n  for (int atom"))
+    loops = _loops(monkeypatch, "wgmma_tma", tmp_path)
+    assert loops and all(s.serialized for s in loops)
+
+
+@tools
+def test_the_sass_script_prints_each_kernels_mma_loop_for_the_checkout_and_a_variant(tmp_path, run_benchmark):
+    shutil.copytree(home() / "kernel_templates", tmp_path / "variant" / "kernel_templates")
+    done = run_benchmark("sass_stats.py", tmp_path / "variant", "--config",
+                         "studies/recheck/gpt3-256.measurements.json", "gpt3.gemm2/tokens=256", timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if "stage0_kernel" in line]
+    assert [r[:2] for r in rows] == [["this", "checkout"], ["variant", "stage0_kernel"]]
+    assert rows[0][2:] == rows[1][1:]  # the same templates: the same code
