@@ -99,3 +99,34 @@ def test_header_needs_a_successful_trial():
     doc = {"schema_version": 1, "workload": "gpt3", "tuner_version": "0", "results": [{"best": None}]}
     with pytest.raises(UsageError, match="no study has a successful trial"):
         to_header(doc)
+
+
+def test_a_size_studied_both_ways_exports_one_runnable_entry_the_graph_timed_one(synthetic_file, tmp_path):
+    """The JSON lists every study; a header (and a bundle) is looked up by size, so it holds one
+    entry a size and names the study it left out."""
+    url = f"sqlite:///{tmp_path / 'both.db'}"
+    tune(url, synthetic_file, tokens=(1, 64))
+    graphed = ReplayBackend([synthetic_file])
+    graphed.graphs = True  # a study timed from graph replays, as --graphs on a GPU makes
+    run_study(get_workload("gpt3").chain(tokens=64), load_space(SPACE), graphed, url, strategy="random", seed=5,
+              trials=4, check=None)
+    doc = json.loads(export(url, "gpt3", tmp_path / "all.json").read_text())
+    assert [(r["size"]["tokens"], r["graphs"]) for r in doc["results"]] == [(1, False), (64, False), (64, True)]
+    text = export(url, "gpt3", tmp_path / "gpt3.h", "header").read_text()
+    assert "constexpr int kGpt3Count = 2;" in text
+    plain_64 = next(r["study"] for r in doc["results"] if r["size"]["tokens"] == 64 and not r["graphs"])
+    assert f"left out for a graph-timed study of the same size: {plain_64}." in text
+    graph_best = next(r["best"]["median_us"] for r in doc["results"] if r["graphs"])
+    assert repr(float(graph_best)) in text
+
+
+def test_one_entry_a_size_prefers_the_graph_timed_study_then_the_one_with_more_trials():
+    from tuner.export import one_per_size
+
+    def row(study, tokens, graphs, trials, device="H200"):
+        return {"study": study, "device": device, "size": {"tokens": tokens}, "graphs": graphs, "trials": trials}
+
+    rows = [row("a", 1, False, 50), row("b", 1, True, 10), row("c", 2, False, 5), row("d", 2, False, 9),
+            row("e", 2, False, 9, device="H100")]
+    kept, left = one_per_size(rows)
+    assert [r["study"] for r in kept] == ["b", "d", "e"] and sorted(left) == ["a", "c"]

@@ -92,11 +92,11 @@ def write_bundle(storage: str, workload: str, out: str | Path) -> Path:
     """Write the bundle of ``workload``'s best configs into ``out``; returns its ``index.json``."""
     import optuna  # noqa: PLC0415
 
-    from .export import collect  # noqa: PLC0415
+    from .export import collect, one_per_size  # noqa: PLC0415
     from .store import open_optuna_storage  # noqa: PLC0415
 
     wl = get_workload(workload)
-    rows = [r for r in collect(storage, wl.name) if r["best"] and r["best"].get("config")]
+    rows, left = one_per_size([r for r in collect(storage, wl.name) if r["best"] and r["best"].get("config")])
     if not rows:
         raise UsageError(f"no measured study of {wl.name} in {storage}; run python -m tuner study {wl.name} first, "
                          "or pass --storage with the URL the studies were written to")
@@ -122,5 +122,5 @@ def write_bundle(storage: str, workload: str, out: str | Path) -> Path:
         (cpp / name).write_text((Path(__file__).parent / "cpp" / name).read_text())
     index = out / "index.json"
     index.write_text(json.dumps({"schema": BUNDLE_SCHEMA, "workload": wl.name, "sweep": wl.sweep_param,
-                                 "entries": entries}, indent=1, sort_keys=True) + "\n")
+                                 "entries": entries, "left_out": left}, indent=1, sort_keys=True) + "\n")
     return index

@@ -70,6 +70,27 @@ def collect(storage: str, workload: str) -> list[dict[str, Any]]:
     return rows
 
 
+def one_per_size(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """What a runnable export (header, bundle) holds: one result per device and size, since a
+    lookup by size must find one config. A size studied both ways, launches timed from the host and
+    (``--graphs``) from CUDA graph replays, keeps its graph-timed study: its median counts the
+    kernels without host launch gaps, as a chain replayed from a graph runs, and the two studies'
+    medians are not comparable, so neither best can be said faster. Returns the kept rows in
+    order, and the study names left out."""
+    kept: dict[tuple[str, tuple], dict[str, Any]] = {}
+    left: list[str] = []
+    for r in rows:
+        key = (r["device"], tuple(sorted(r["size"].items())))
+        have = kept.get(key)
+        if have is None:
+            kept[key] = r
+            continue
+        if (r["graphs"], r["trials"]) > (have["graphs"], have["trials"]):
+            kept[key], r = r, have
+        left.append(r["study"])
+    return [r for r in rows if r in kept.values()], left
+
+
 def _short(trial: Any) -> str:
     cfg = trial.user_attrs.get("config")
     return Config.from_dict(cfg).short() if cfg else ""
@@ -99,7 +120,7 @@ def _num(x: float | None) -> str:
 def to_header(doc: dict[str, Any]) -> str:
     """A C++ header with one ``constexpr`` entry per device and size that has a best config."""
     wl = get_workload(doc["workload"])
-    rows = [r for r in doc["results"] if r["best"] is not None]
+    rows, left = one_per_size([r for r in doc["results"] if r["best"] is not None])
     if not rows:
         raise UsageError(f"nothing to export for {wl.name}: no study has a successful trial yet")
     n = len(rows[0]["best"]["config"]["tiles"])
@@ -125,6 +146,8 @@ def to_header(doc: dict[str, Any]) -> str:
         f"// Tuned configs of {wl.name}: {wl.description}.",
         f"// Exported by tuner {doc['tuner_version']} (python -m tuner export {wl.name} --format header),"
         f" schema {doc['schema_version']}.",
+        *([f"// One entry per device and size; left out for a graph-timed study of the same size: {', '.join(left)}."]
+          if left else []),
         "#pragma once",
         "",
         "namespace tuner_tuned {",
