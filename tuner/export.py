@@ -88,7 +88,8 @@ def one_per_size(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
         if (r["graphs"], r["trials"]) > (have["graphs"], have["trials"]):
             kept[key], r = r, have
         left.append(r["study"])
-    return [r for r in rows if r in kept.values()], left
+    chosen = {id(r) for r in kept.values()}
+    return [r for r in rows if id(r) in chosen], left
 
 
 def _short(trial: Any) -> str:
@@ -146,8 +147,8 @@ def to_header(doc: dict[str, Any]) -> str:
         f"// Tuned configs of {wl.name}: {wl.description}.",
         f"// Exported by tuner {doc['tuner_version']} (python -m tuner export {wl.name} --format header),"
         f" schema {doc['schema_version']}.",
-        *([f"// One entry per device and size; left out for a graph-timed study of the same size: {', '.join(left)}."]
-          if left else []),
+        *([f"// One entry per device and size; left out for a study of the same size timed from CUDA graphs "
+           f"(or with more trials): {', '.join(left)}."] if left else []),
         "#pragma once",
         "",
         "namespace tuner_tuned {",
