@@ -9,8 +9,9 @@ Variants and ``--config`` as in ``template_ab.py``. Each source is compiled with
 CPU, through the kernel cache) and disassembled with ``nvdisasm`` (``pip install
 '.[inspect]'``); for each kernel it prints the static counts of its MMA loop (``tuner/sass.py``
 says which loop and what is counted): instructions per ``HGMMA``, the register-to-uniform moves,
-the ``wgmma`` fences and waits, and whether ptxas serialized the MMAs. Counts of the code, not
-measurements of its time: ``template_ab.py`` times a change on the GPU.
+the ``wgmma`` fences and waits, whether ptxas serialized the MMAs, and the copy loops (per pass)
+where the MMA warps copy operands themselves. Counts of the code, not measurements of its time:
+``template_ab.py`` times a change on the GPU.
 """
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ def main() -> int:
                     continue
                 print(f"  {name:>16} {fn.name:>14} {regs:>5} {s.instructions:>6} {s.loop:>5} {s.hgmma:>5} "
                       f"{s.per_hgmma:>9.1f}  " + " ".join(f"{s.ops[op]:>6}" for op in SHOWN[1:])
+                      + (f"  + copy loops of {', '.join(map(str, s.copy_loops))} a pass" if s.copy_loops else "")
                       + ("  SERIALIZED: each MMA waits for the last" if s.serialized else ""))
     return 0
 

@@ -56,6 +56,21 @@ def test_the_mma_loop_is_counted_without_the_spin_of_a_wait_nested_in_it():
     assert not stats.serialized
 
 
+def test_a_nested_loop_that_copies_is_counted_apart_per_pass_not_as_a_wait():
+    """Where the MMA warps copy operands themselves (cp.async), the compiler may keep a slab's
+    copies in a loop of their own: real work a slot, whose passes the SASS does not show."""
+    copying = PIPELINED.replace(
+        "        /*0090*/                   ISETP.GE.U32.AND P0, PT, R11, 0xc0, PT ;\n",
+        ".L_x_9:\n"
+        "        /*0084*/                   IMAD R9, R8, 0x80, R6 ;\n"
+        "        /*0085*/                   LDGSTS.E.BYPASS.128 [R9], desc[UR8][R12.64], !P1 ;\n"
+        "        /*0086*/                   ISETP.GE.AND P1, PT, R8, 0x400, PT ;\n"
+        "        /*0087*/              @!P1 BRA `(.L_x_9) ;\n"
+        "        /*0090*/                   ISETP.GE.U32.AND P0, PT, R11, 0xc0, PT ;\n")
+    stats = sass.mma_loop(sass.parse_sass(copying)[0])
+    assert (stats.loop, stats.nested, stats.copy_loops) == (8, 2, [4])
+
+
 def test_mmas_each_waited_for_before_the_next_are_flagged_serialized():
     serialized = PIPELINED.replace(
         "HGMMA.64x96x16.F32 R24, gdesc[UR16], R24 ;",

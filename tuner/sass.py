@@ -1,10 +1,13 @@
 """What the compiler made of a kernel: its SASS (``nvdisasm``), and the static counts of its MMA loop.
 
 The MMA loop is the innermost loop holding ``HGMMA`` instructions (in a warp-specialized tile,
-the MMA warps' loop over the ring slots). Its instructions outside the loops nested in it (the
-spin of a barrier wait that did not succeed at once) are the issue work an MMA warp does per ring
-slot when no wait spins; divided by its ``HGMMA``, that is what a change to the loop has to
-lower. These are counts of the code, not of its time. ``nvdisasm`` comes from the
+the MMA warps' loop over the ring slots). Loops nested in it are of two sorts: waits (the spin
+of a barrier or semaphore wait that did not succeed at once), and, where the MMA warps copy
+operands themselves (cp.async), copy loops over a slab's 16-byte pieces, which run a number of
+passes the SASS does not show. The loop's instructions outside both are the issue work an MMA
+warp does per ring slot when no wait spins and, where it has no copy loop, all of it; divided by
+its ``HGMMA``, that is what a change to the loop has to lower. Copy loops are counted apart, per
+pass. These are counts of the code, not of its time. ``nvdisasm`` comes from the
 ``nvidia-cuda-nvdisasm`` wheel (``pip install '.[inspect]'``) or from PATH.
 """
 from __future__ import annotations
@@ -95,7 +98,8 @@ class LoopStats:
     kernel: str
     instructions: int  # the whole function
     loop: int | None = None  # in the MMA loop, outside the loops nested in it
-    nested: int | None = None  # in those nested loops (spinning waits)
+    nested: int | None = None  # in the nested loops that wait (spin)
+    copy_loops: list[int] = field(default_factory=list)  # instructions a pass of each nested copy loop
     ops: Counter[str] = field(default_factory=Counter)
 
     @property
@@ -114,8 +118,12 @@ class LoopStats:
         return self.hgmma > 1 and self.ops["WARPGROUP.DEPBAR"] >= self.hgmma
 
 
+COPY_OPS = ("LDGSTS",)  # cp.async: a loop holding one copies operands, it does not wait
+
+
 def mma_loop(fn: Function) -> LoopStats:
-    """The innermost loop of ``fn`` that holds an HGMMA, counted without the loops nested in it."""
+    """The innermost loop of ``fn`` that holds an HGMMA, counted without the loops nested in it:
+    those that copy apart, per pass, those that wait not at all."""
     stats = LoopStats(fn.name, len(fn.insns))
     mma = [i.addr for i in fn.insns if i.opcode == "HGMMA"]
     loops = fn.loops()
@@ -124,10 +132,18 @@ def mma_loop(fn: Function) -> LoopStats:
         return stats
     first, last = min(holding, key=lambda ab: ab[1] - ab[0])
     inner = [(a, b) for a, b in loops if first <= a and b <= last and (a, b) != (first, last)]
+    outer = [(a, b) for a, b in inner if not any(c <= a and b <= d and (c, d) != (a, b) for c, d in inner)]
     body = [i for i in fn.insns if first <= i.addr <= last]
-    spun = [i for i in body if any(a <= i.addr <= b for a, b in inner)]
-    kept = [i for i in body if i not in spun]
-    stats.loop, stats.nested = len(kept), len(spun)
+    copies = []
+    for a, b in sorted(outer):
+        part = [i for i in body if a <= i.addr <= b]
+        if any(i.opcode in COPY_OPS for i in part):
+            copies.append((a, b))
+            stats.copy_loops.append(len(part))
+    nested = [i for i in body if any(a <= i.addr <= b for a, b in inner)]
+    kept = [i for i in body if not any(a <= i.addr <= b for a, b in inner)]
+    stats.loop = len(kept)
+    stats.nested = sum(1 for i in nested if not any(a <= i.addr <= b for a, b in copies))
     stats.ops = Counter(i.opcode for i in kept)
     return stats
 
