@@ -58,16 +58,29 @@ __device__ __forceinline__ void load_slab_sw(unsigned char* s, const V& v, int r
   }
 }
 
-// One ring slot's MMAs: the instruction's 64-row operand at `a` and its N operand at `b`, each a
-// column of swizzle atoms `a_atom` / `b_atom` bytes apart along K.
+// The warpgroup of this thread, as a value the compiler knows to be the same in every lane of a
+// warp: descriptors derived from it then stay in uniform registers, where HGMMA reads them, instead
+// of being built per lane and moved over (4 R2UR per MMA).
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0); }
+// Whether this warp is the tile's producer, as a branch the compiler knows no warp diverges on
+// (the MMA warps' side keeps its descriptors in uniform registers only then).
 template <class T>
-__device__ __forceinline__ void wgmma_slot(float (&acc)[T::NI][4], u32 a, u32 a_atom, u32 b, u32 b_atom) {
-  wgmma_fence();
+__device__ __forceinline__ bool producer_warp() {
+  return __shfl_sync(0xffffffffu, (int)(threadIdx.x / 32), 0) >= T::MMA_THREADS / 32;
+}
+
+// One ring slot's MMAs: the instruction's 64-row operand described by `da` and its N operand by
+// `db` (wgmma_desc of the slot's first atom), each a column of swizzle atoms `a_atom` / `b_atom`
+// bytes apart along K. A byte offset within shared memory adds (>> 4) to the descriptor's address
+// field without carry, so every MMA's descriptors are the slot's plus a constant.
+template <class T>
+__device__ __forceinline__ void wgmma_slot(float (&acc)[T::NI][4], u64 da, u32 a_atom, u64 db, u32 b_atom) {
+  wgmma_fence();  // every slot: without it ptxas waits for each MMA before the next
 #pragma unroll
   for (int atom = 0; atom < T::ATOMS; ++atom)
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)  // 16 halves = 32 bytes per k-step inside the atom
-      wgmma_k16(acc, wgmma_desc(a + atom * a_atom + kk * 32), wgmma_desc(b + atom * b_atom + kk * 32));
+      wgmma_k16(acc, da + (u64)((atom * a_atom + kk * 32) >> 4), db + (u64)((atom * b_atom + kk * 32) >> 4));
   wgmma_commit();
 }
 
@@ -82,7 +95,7 @@ __device__ __forceinline__ void mainloop_wg(float (&acc)[T::MI][T::NI][4], const
   unsigned char* smem = reinterpret_cast<unsigned char*>(((size_t)smem_in + 1023) & ~(size_t)1023);
   unsigned char* sA = smem;
   unsigned char* sB = smem + T::STAGES * T::A_BYTES;
-  const int wg = threadIdx.x / 128;
+  const int wg = warpgroup_index();
   const u32 a_off = (wg / T::WN) * 64 * 128, b_off = (wg % T::WN) * T::WGN * 128;
 
 #pragma unroll
@@ -111,7 +124,7 @@ __device__ __forceinline__ void mainloop_wg(float (&acc)[T::MI][T::NI][4], const
     issue(it + T::STAGES - 2);
     const u32 a = smem_u32(sA + (it % T::STAGES) * T::A_BYTES) + a_off;
     const u32 b = smem_u32(sB + (it % T::STAGES) * T::B_BYTES) + b_off;
-    wgmma_slot<T>(acc[0], a, T::BM * 128, b, T::BN * 128);
+    wgmma_slot<T>(acc[0], wgmma_desc(a), T::BM * 128, wgmma_desc(b), T::BN * 128);
     wgmma_wait<1>();
   }
   wgmma_wait<0>();
@@ -355,24 +368,37 @@ __device__ __forceinline__ void tma_consume(float (&acc)[T::MI][T::NI][4], const
   for (int j = 0; j < T::NI; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[0][j][e] = 0.f;
-  const int nk = kc_end - kc_begin, wg = threadIdx.x / 128;
+  const int nk = kc_end - kc_begin, wg = warpgroup_index();
+  // Slot 0's descriptors; slot s adds s times the slab's size. TRANS: this warpgroup's 64 rows of
+  // B on the instruction's 64-row side, all rows of A as its N.
+  constexpr u32 A_STEP = (T::TRANS ? T::B_BYTES : T::A_BYTES) >> 4, B_STEP = (T::TRANS ? T::A_BYTES : T::B_BYTES) >> 4;
+  constexpr u32 A_ATOM = (T::TRANS ? T::BN : T::BM) * 128, B_ATOM = (T::TRANS ? T::BM : T::BN) * 128;
+  u64 da, db;
+  if constexpr (T::TRANS) {
+    da = wgmma_desc(r.sB + wg * 64 * 128);
+    db = wgmma_desc(r.sA);
+  } else {
+    da = wgmma_desc(r.sA + (wg / T::WN) * 64 * 128);
+    db = wgmma_desc(r.sB + (wg % T::WN) * T::WGN * 128);
+  }
+  u32 slot = 0, phase = 0, prev = T::STAGES - 1;  // the slot of iteration it, its fill's parity, it-1's slot
   for (int it = 0; it < nk; ++it) {
-    const int slot = it % T::STAGES;
-    mbar_wait(r.full + slot * 8, (it / T::STAGES) & 1, err);
-    const u32 a = r.sA + slot * T::A_BYTES, b = r.sB + slot * T::B_BYTES;
-    if constexpr (T::TRANS)  // this warpgroup's 64 rows of B, all rows of A
-      wgmma_slot<T>(acc[0], b + wg * 64 * 128, T::BN * 128, a, T::BM * 128);
-    else
-      wgmma_slot<T>(acc[0], a + (wg / T::WN) * 64 * 128, T::BM * 128, b + (wg % T::WN) * T::WGN * 128, T::BN * 128);
+    mbar_wait(r.full + slot * 8, phase, err);
+    wgmma_slot<T>(acc[0], da + slot * A_STEP, A_ATOM, db + slot * B_STEP, B_ATOM);
     wgmma_wait<1>();  // the MMAs of iteration it-1 have retired: their slot goes back to the producers
     if (it > 0) {  // one arrival per warp and block: lane r arrives in the block of rank r
-      const u32 bar = r.empty + ((it - 1) % T::STAGES) * 8, lane = threadIdx.x % 32;
+      const u32 bar = r.empty + prev * 8, lane = threadIdx.x % 32;
       __syncwarp();
       if constexpr (T::CLUSTER > 1) {
         if (lane < T::CLUSTER) mbar_arrive_cluster(bar, lane);
       } else if (lane == 0) {
         mbar_arrive(bar);
       }
+    }
+    prev = slot;
+    if (++slot == T::STAGES) {
+      slot = 0;
+      phase ^= 1;
     }
   }
   wgmma_wait<0>();
@@ -400,7 +426,7 @@ __device__ __forceinline__ void mainloop_tma(float (&acc)[T::MI][T::NI][4], cons
   static_assert(!T::REALLOC, "a tile that moves registers runs its producer and MMA warps apart (tile_gemm.j2)");
   const TmaRing<T> ring(smem_in);
   ring.init();
-  if (threadIdx.x >= T::MMA_THREADS) tma_produce<T, B_ONCE>(ring, mapA, mapB, m0, n0, kc_begin, kc_end, err, wait_one);
+  if (producer_warp<T>()) tma_produce<T, B_ONCE>(ring, mapA, mapB, m0, n0, kc_begin, kc_end, err, wait_one);
   else tma_consume<T>(acc, ring, kc_begin, kc_end, err);
   // The ring may be reused by the caller, and (in a cluster) no block may leave while a peer
   // still multicasts into it or arrives on its barriers.
