@@ -70,33 +70,66 @@ struct Tile {
   __device__ static int warp_col0() { return (threadIdx.x / 32 % WN) * WTN; }
 };
 
-// An operand as the loads see it: `at(row, k, ok)` is where the 8 halves at (row, k..k+7) live,
-// with ok false where they read as zeros. A K-contiguous matrix is the GEMM's view; a stage kind
+// An operand as the loads see it. A copy of the 8 halves at (row, k..k+7) is cut in three parts,
+// each computed where it changes: `row(r, live)` once per tile for each row a thread copies (a row
+// past the matrix's, `live` false, only feeds outputs that are never stored: it reads as zeros),
+// `slab(k0)` once per K chunk, and `at(row, slab, c, ok)` per copy of the columns k0 + c.. (ok
+// false where the 8 halves read as zeros). A K-contiguous matrix is the GEMM's view; a stage kind
 // with another index map (an implicit-GEMM convolution) brings its own.
 struct RowMajor {
   const half_t* p;
   int K;
-  __device__ __forceinline__ const half_t* at(int r, int k, bool& ok) const {
-    ok = k < K;
-    return ok ? p + (size_t)r * K + k : p;
+  struct Row { const half_t* p; };  // nullptr past the matrix's rows
+  struct Slab { int k0; };
+  __device__ __forceinline__ Row row(int r, bool live) const { return {live ? p + (size_t)r * K : nullptr}; }
+  __device__ __forceinline__ Slab slab(int k0) const { return {k0}; }
+  // A chunk past K must read as zeros because it meets valid rows of the other operand.
+  __device__ __forceinline__ const half_t* at(const Row& row, const Slab& sl, int c, bool& ok) const {
+    ok = row.p && sl.k0 + c < K;
+    return ok ? row.p + sl.k0 + c : p;
   }
 };
 __device__ __forceinline__ RowMajor operand(const half_t* p, int K) { return RowMajor{p, K}; }
 template <class V>
 __device__ __forceinline__ const V& operand(const V& v, int) { return v; }
 
+// The rows of a BROWS x BK slab whose 16-byte pieces this thread copies, the same for every K
+// chunk: the thread always copies column (tid % CPR) * 8, of rows tid / CPR + j * STEP, so the
+// view's state of those rows is computed once per tile.
+template <class T, int BROWS, class V>
+struct SlabRows {
+  static constexpr int CPR = T::BK / 8, STEP = T::THREADS / CPR, N = (BROWS + STEP - 1) / STEP;
+  static_assert(T::THREADS % CPR == 0, "every thread copies one column of 16 bytes");
+  typename V::Row row[N];
+  __device__ __forceinline__ SlabRows(const V& v, int rows, int r0) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const int r = first() + j * STEP;
+      row[j] = v.row(r0 + r, r < BROWS && r0 + r < rows);
+    }
+  }
+  __device__ static int first() { return threadIdx.x / CPR; }
+  __device__ static int column() { return (threadIdx.x % CPR) * 8; }
+  // Whether piece j lies inside the slab (the last rows of a thread may not).
+  __device__ static bool inside(int j) { return BROWS % STEP == 0 || first() + j * STEP < BROWS; }
+};
+template <class T, int BROWS, class V>
+__device__ __forceinline__ SlabRows<T, BROWS, V> slab_rows(const V& v, int rows, int r0) {
+  return SlabRows<T, BROWS, V>(v, rows, r0);
+}
+
 // Copy a BROWS x BK slab of an operand (rows r0.., columns k0..) into shared memory.
 template <class T, int BROWS, class V>
-__device__ __forceinline__ void load_slab(half_t* s, const V& v, int rows, int r0, int k0) {
-  for (int i = threadIdx.x; i < BROWS * T::CPR; i += T::THREADS) {
-    const int r = i / T::CPR, c = (i % T::CPR) * 8;
-    const int gr = r0 + r, gk = k0 + c;
-    // A row past the edge only feeds outputs that are never stored, so it is not loaded at all;
-    // a chunk past K must read as zeros because it meets valid rows of the other operand.
-    if (gr >= rows) continue;
+__device__ __forceinline__ void load_slab(half_t* s, const V& v, const SlabRows<T, BROWS, V>& rows, int k0) {
+  using R = SlabRows<T, BROWS, V>;
+  const auto sl = v.slab(k0);
+  const int c = R::column();
+#pragma unroll
+  for (int j = 0; j < R::N; ++j) {
+    if (!R::inside(j)) continue;
     bool ok;
-    const half_t* src = v.at(gr, gk, ok);
-    cp_async16(s + r * T::LDS + c, src, ok);
+    const half_t* src = v.at(rows.row[j], sl, c, ok);
+    cp_async16(s + (R::first() + j * R::STEP) * T::LDS + c, src, ok);
   }
 }
 
@@ -109,6 +142,8 @@ __device__ __forceinline__ void mainloop(float (&acc)[T::MI][T::NI][4], const AO
                                          int kc_begin, int kc_end, half_t* smem, Wait wait) {
   const auto A = operand(A_, K);
   const RowMajor Bv{B, K};
+  const auto rowsA = slab_rows<T, T::BM>(A, M, m0);
+  const auto rowsB = slab_rows<T, T::BN>(Bv, N, n0);
   half_t* sA = smem;
   half_t* sB = smem + T::STAGES * T::A_ELEMS;
   const int lane = threadIdx.x % 32;
@@ -125,9 +160,9 @@ __device__ __forceinline__ void mainloop(float (&acc)[T::MI][T::NI][4], const AO
   auto issue = [&](int it) {
     if (it < nk) {
       const int kc = kc_begin + it, slot = it % T::STAGES;
-      load_slab<T, T::BN>(sB + slot * T::B_ELEMS, Bv, N, n0, kc * T::BK);
+      load_slab<T, T::BN>(sB + slot * T::B_ELEMS, Bv, rowsB, kc * T::BK);
       wait(kc, it == 0);
-      load_slab<T, T::BM>(sA + slot * T::A_ELEMS, A, M, m0, kc * T::BK);
+      load_slab<T, T::BM>(sA + slot * T::A_ELEMS, A, rowsA, kc * T::BK);
     }
     cp_async_commit();  // an empty group past the end keeps the wait_group count uniform
   };

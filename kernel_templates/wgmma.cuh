@@ -43,18 +43,20 @@ struct TileWG {
   __device__ static int warp_col0() { return (threadIdx.x / 128 % WN) * WGN; }
 };
 
-// Copy a BROWS x BK slab of a K-contiguous matrix into swizzled atoms (see above).
+// Copy a BROWS x BK slab of an operand into swizzled atoms (see above): 16-byte piece c of row r
+// at atom c / 8, row r * 128 bytes, position (c % 8) ^ (r % 8).
 template <class T, int BROWS, class V>
-__device__ __forceinline__ void load_slab_sw(unsigned char* s, const V& v, int rows, int r0, int k0) {
-  constexpr int CPR = T::BK / 8;  // 16-byte chunks per row
-  for (int i = threadIdx.x; i < BROWS * CPR; i += T::THREADS) {
-    const int r = i / CPR, c = i % CPR;
-    const int gr = r0 + r, gk = k0 + c * 8;
-    if (gr >= rows) continue;  // feeds only outputs that are never stored
+__device__ __forceinline__ void load_slab_sw(unsigned char* s, const V& v, const SlabRows<T, BROWS, V>& rows, int k0) {
+  using R = SlabRows<T, BROWS, V>;
+  const auto sl = v.slab(k0);
+  const int c = R::column() / 8;
+#pragma unroll
+  for (int j = 0; j < R::N; ++j) {
+    if (!R::inside(j)) continue;
+    const int r = R::first() + j * R::STEP;
     bool ok;
-    const half_t* src = v.at(gr, gk, ok);
-    unsigned char* dst = s + (c / 8) * (BROWS * 128) + r * 128 + (((c % 8) ^ (r % 8)) * 16);
-    cp_async16(dst, src, ok);
+    const half_t* src = v.at(rows.row[j], sl, c * 8, ok);
+    cp_async16(s + (c / 8) * (BROWS * 128) + r * 128 + (((c % 8) ^ (r % 8)) * 16), src, ok);
   }
 }
 
@@ -92,6 +94,8 @@ __device__ __forceinline__ void mainloop_wg(float (&acc)[T::MI][T::NI][4], const
                                             int kc_begin, int kc_end, half_t* smem_in, Wait wait) {
   const auto A = operand(A_, K);
   const RowMajor Bv{B, K};
+  const auto rowsA = slab_rows<T, T::BM>(A, M, m0);
+  const auto rowsB = slab_rows<T, T::BN>(Bv, N, n0);
   unsigned char* smem = reinterpret_cast<unsigned char*>(((size_t)smem_in + 1023) & ~(size_t)1023);
   unsigned char* sA = smem;
   unsigned char* sB = smem + T::STAGES * T::A_BYTES;
@@ -107,9 +111,9 @@ __device__ __forceinline__ void mainloop_wg(float (&acc)[T::MI][T::NI][4], const
   auto issue = [&](int it) {
     if (it < nk) {
       const int kc = kc_begin + it, slot = it % T::STAGES;
-      load_slab_sw<T, T::BN>(sB + slot * T::B_BYTES, Bv, N, n0, kc * T::BK);
+      load_slab_sw<T, T::BN>(sB + slot * T::B_BYTES, Bv, rowsB, kc * T::BK);
       wait(kc, it == 0);
-      load_slab_sw<T, T::BM>(sA + slot * T::A_BYTES, A, M, m0, kc * T::BK);
+      load_slab_sw<T, T::BM>(sA + slot * T::A_BYTES, A, rowsA, kc * T::BK);
     }
     cp_async_commit();
   };

@@ -138,3 +138,16 @@ def test_the_tma_fed_mma_loops_keep_their_descriptors_in_uniform_registers(mma, 
     about ten instructions a slot besides its four MMAs (before: 16 moves and 24-27 per MMA)."""
     loops = _loops(monkeypatch, mma)
     assert loops and all(s.ops["R2UR"] == 0 and s.per_hgmma <= 12 for s in loops)
+
+
+@tools
+@pytest.mark.parametrize("workload,size", [("gpt3", dict(tokens=64)), ("resnet38", dict(batch=2, height=28, width=28,
+                                                                                       channels=128))])
+def test_the_mma_warps_copy_a_slot_in_straight_code_where_they_copy_with_cp_async(workload, size):
+    """Each thread copies the same column of the same rows of every slab, so the rows' state (the
+    address, the taps inside the image) is computed once per tile: no copy loop is left in the MMA
+    loop (before: two, of 120-180 instructions a pass), and the slot's whole work is counted."""
+    chain = get_workload(workload).chain(**size)
+    cfg = coverage(chain, "wgmma")[0]
+    loops = sass.mma_loops(tc.compile_source(render(chain, cfg).source, "sm_90a").cubin)
+    assert loops and all(s.hgmma and not s.copy_loops for s in loops)
