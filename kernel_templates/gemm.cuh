@@ -95,18 +95,30 @@ __device__ __forceinline__ const V& operand(const V& v, int) { return v; }
 
 // The rows of a BROWS x BK slab whose 16-byte pieces this thread copies, the same for every K
 // chunk: the thread always copies column (tid % CPR) * 8, of rows tid / CPR + j * STEP, so the
-// view's state of those rows is computed once per tile.
+// view's state of those rows is computed once per tile and kept in registers (KEEP). A thread
+// that copies many rows (few threads, a tall slab) works them out per slot instead: kept, they
+// would spill (a one-warp tile of 16x192 reached 255 registers keeping 8).
 template <class T, int BROWS, class V>
 struct SlabRows {
   static constexpr int CPR = T::BK / 8, STEP = T::THREADS / CPR, N = (BROWS + STEP - 1) / STEP;
+  static constexpr bool KEEP = N <= 8 && T::THREADS >= 128;
   static_assert(T::THREADS % CPR == 0, "every thread copies one column of 16 bytes");
-  typename V::Row row[N];
-  __device__ __forceinline__ SlabRows(const V& v, int rows, int r0) {
+  typename V::Row row[KEEP ? N : 1];
+  int rows, r0;
+  __device__ __forceinline__ SlabRows(const V& v, int rows_, int r0_) : rows(rows_), r0(r0_) {
+    if constexpr (KEEP) {
 #pragma unroll
-    for (int j = 0; j < N; ++j) {
-      const int r = first() + j * STEP;
-      row[j] = v.row(r0 + r, r < BROWS && r0 + r < rows);
+      for (int j = 0; j < N; ++j) row[j] = make(v, j);
     }
+  }
+  __device__ __forceinline__ typename V::Row make(const V& v, int j) const {
+    const int r = first() + j * STEP;
+    return v.row(r0 + r, r < BROWS && r0 + r < rows);
+  }
+  // Piece j's row state.
+  __device__ __forceinline__ typename V::Row get(const V& v, int j) const {
+    if constexpr (KEEP) return row[j];
+    else return make(v, j);
   }
   __device__ static int first() { return threadIdx.x / CPR; }
   __device__ static int column() { return (threadIdx.x % CPR) * 8; }
@@ -118,19 +130,30 @@ __device__ __forceinline__ SlabRows<T, BROWS, V> slab_rows(const V& v, int rows,
   return SlabRows<T, BROWS, V>(v, rows, r0);
 }
 
+// Each piece j < N of a thread's share of a slab, in straight code where its rows are kept, in a
+// loop the compiler shapes where they are worked out per slot (unrolled, many would spill).
+template <class R, class F>
+__device__ __forceinline__ void for_each_piece(F f) {
+  if constexpr (R::KEEP) {
+#pragma unroll
+    for (int j = 0; j < R::N; ++j) f(j);
+  } else {
+    for (int j = 0; j < R::N; ++j) f(j);
+  }
+}
+
 // Copy a BROWS x BK slab of an operand (rows r0.., columns k0..) into shared memory.
 template <class T, int BROWS, class V>
 __device__ __forceinline__ void load_slab(half_t* s, const V& v, const SlabRows<T, BROWS, V>& rows, int k0) {
   using R = SlabRows<T, BROWS, V>;
   const auto sl = v.slab(k0);
   const int c = R::column();
-#pragma unroll
-  for (int j = 0; j < R::N; ++j) {
-    if (!R::inside(j)) continue;
+  for_each_piece<R>([&](int j) {
+    if (!R::inside(j)) return;
     bool ok;
-    const half_t* src = v.at(rows.row[j], sl, c, ok);
+    const half_t* src = v.at(rows.get(v, j), sl, c, ok);
     cp_async16(s + (R::first() + j * R::STEP) * T::LDS + c, src, ok);
-  }
+  });
 }
 
 // Accumulate chunks [kc_begin, kc_end) of the reduction into acc. Before the A operand of

@@ -50,14 +50,13 @@ __device__ __forceinline__ void load_slab_sw(unsigned char* s, const V& v, const
   using R = SlabRows<T, BROWS, V>;
   const auto sl = v.slab(k0);
   const int c = R::column() / 8;
-#pragma unroll
-  for (int j = 0; j < R::N; ++j) {
-    if (!R::inside(j)) continue;
+  for_each_piece<R>([&](int j) {
+    if (!R::inside(j)) return;
     const int r = R::first() + j * R::STEP;
     bool ok;
-    const half_t* src = v.at(rows.row[j], sl, c * 8, ok);
+    const half_t* src = v.at(rows.get(v, j), sl, c * 8, ok);
     cp_async16(s + (c / 8) * (BROWS * 128) + r * 128 + (((c % 8) ^ (r % 8)) * 16), src, ok);
-  }
+  });
 }
 
 // The warpgroup of this thread, as a value the compiler knows to be the same in every lane of a
