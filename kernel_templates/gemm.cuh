@@ -131,13 +131,15 @@ __device__ __forceinline__ SlabRows<T, BROWS, V> slab_rows(const V& v, int rows,
 }
 
 // Each piece j < N of a thread's share of a slab, in straight code where its rows are kept, in a
-// loop the compiler shapes where they are worked out per slot (unrolled, many would spill).
+// loop of 4 pieces a pass where they are worked out per slot (unrolled, many would spill, as the
+// copy loops before these views did not).
 template <class R, class F>
 __device__ __forceinline__ void for_each_piece(F f) {
   if constexpr (R::KEEP) {
 #pragma unroll
     for (int j = 0; j < R::N; ++j) f(j);
   } else {
+#pragma unroll 4
     for (int j = 0; j < R::N; ++j) f(j);
   }
 }
