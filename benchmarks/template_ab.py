@@ -61,12 +61,39 @@ def picked_configs(specs: list[list[str]]) -> list[Record]:
     return targets
 
 
+def tile_variant(chain, config, change: str, device) -> "Config | None":
+    """``config`` with the tile field of ``change`` (``FIELD=VALUE``) set in every stage that the
+    search space's per-stage constraints accept it in, and the chain's constraints still hold; None
+    if no stage takes it."""
+    from dataclasses import replace
+
+    from tuner.config import TILE_FIELDS
+    from tuner.space import STAGE_CONSTRAINTS, Limits, persistent_launch
+    from tuner.tiling import StageGrid, tile_value
+
+    field, _, value = change.partition("=")
+    if field not in TILE_FIELDS or not value:
+        raise SystemExit(f"--also {change}: give FIELD=VALUE with FIELD one of {', '.join(TILE_FIELDS)}")
+    tiles = []
+    for st, t in zip(chain.stages, config.tiles):
+        new = replace(t, **{field: tile_value(field, value)})
+        ok = all(fn(StageGrid(st, new), Limits(), device) is None for _, fn in STAGE_CONSTRAINTS)
+        tiles.append(new if ok else t)
+    out = replace(config, tiles=tuple(tiles))
+    if out == config or persistent_launch(out.dispatch, out.launch, out.grids(chain)):
+        return None
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("variants", nargs="+", help="folders each holding a kernel_templates/ to compare")
     config_arguments(ap)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     ap.add_argument("--graphs", action="store_true", help="time from CUDA graphs, as bench --graphs does")
+    ap.add_argument("--also", action="append", default=[], metavar="FIELD=VALUE",
+                    help="also time each config with this tile field changed (e.g. persist=1) in every stage "
+                         "that accepts it, from this checkout's templates, in the same rounds (repeatable)")
     args = ap.parse_args()
     homes = variant_homes(args.variants)
     targets = picked_configs(args.config)
@@ -84,10 +111,23 @@ def main() -> int:
                 failed[name] = why
             else:
                 timers[name] = runner.time_graphs if args.graphs else runner.time
+        os.environ["TUNER_HOME"] = str(homes["this checkout"])
+        names = list(homes)
+        for change in args.also:
+            cfg = tile_variant(chain, rec.config, change, gpu.device_info())
+            if cfg is None:
+                continue
+            name = f"{change}: {cfg.short()}"
+            names.append(name)
+            runner, why = gpu.ready(chain, cfg, args.graphs)
+            if why:
+                failed[name] = why
+            else:
+                timers[name] = runner.time_graphs if args.graphs else runner.time
         got = gpu.time_rounds(chain, [], args.rounds, extra=timers)
         print(f"{rec.label}: {rec.config.short()} (recorded {rec.measurement.median_us:.1f} us)")
         base = median(got["this checkout"]) if "this checkout" in got else None
-        for name in homes:
+        for name in names:
             if name in failed:
                 print(f"  {name:>16}: FAILED {failed[name]}")
                 continue

@@ -314,12 +314,27 @@ struct TmaRing {
   }
 };
 
-// The producer warp (warpgroup where registers move): its first thread issues every copy.
+// Past the ring's barriers: where a persistent block parks its epilogue (the ring holds the next
+// tile's slabs by then).
+template <class T>
+__device__ __forceinline__ float* tma_epilogue_slice(half_t* smem_in) {
+  unsigned char* smem = reinterpret_cast<unsigned char*>(((size_t)smem_in + 1023) & ~(size_t)1023);
+  return reinterpret_cast<float*>(smem + T::STAGES * (T::A_BYTES + T::B_BYTES) + 16 * T::STAGES);
+}
+
+// Whether this thread issues the copies: the producer warp's first lane.
+template <class T>
+__device__ __forceinline__ bool tma_issuer() { return threadIdx.x == T::MMA_THREADS; }
+
+// The producer warp's first thread (tma_issuer) issues every copy of one tile. `done`: the chunks
+// this block's ring has taken before the tile (0 for a block's first tile; a persistent block
+// carries it from tile to tile), so the tile's chunk it lands in slot (done + it) % STAGES, whose
+// previous fill the MMA warps must have handed back first. A block's first tile fetches the B
+// slabs of its whole ring before any wait.
 template <class T, bool B_ONCE, class WaitOne>
-__device__ __forceinline__ void tma_produce(const TmaRing<T>& r, const void* mapA, const void* mapB, int m0, int n0,
-                                            int kc_begin, int kc_end, u32* err, WaitOne wait_one) {
-  if constexpr (T::REALLOC) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(T::PRODUCER_REGS));
-  if (threadIdx.x != T::MMA_THREADS) return;
+__device__ __forceinline__ void tma_produce_tile(const TmaRing<T>& r, const void* mapA, const void* mapB, int m0,
+                                                 int n0, int kc_begin, int kc_end, u32* err, WaitOne wait_one,
+                                                 u32 done = 0) {
   const int nk = kc_end - kc_begin;
   const u32 rank = T::CLUSTER > 1 ? cluster_rank() : 0u, rm = rank % T::CM, rn = rank / T::CM;
   unsigned short a_mask = 0, b_mask = 0;  // blocks sharing this block's A rows / B columns
@@ -329,7 +344,7 @@ __device__ __forceinline__ void tma_produce(const TmaRing<T>& r, const void* map
   for (int i = 0; i < T::CM; ++i) b_mask |= (unsigned short)(1u << (i + rn * T::CM));
   // A slot's full barrier expects all its bytes (A and B) at once; B may land long before A.
   auto load_b = [&](int it) {
-    const int kc = kc_begin + it, slot = it % T::STAGES;
+    const int kc = kc_begin + it, slot = (done + it) % T::STAGES;
     const u32 bar = r.full + slot * 8;
     mbar_expect_tx(bar, T::TX_BYTES);
     if (rm == 0) {
@@ -341,13 +356,17 @@ __device__ __forceinline__ void tma_produce(const TmaRing<T>& r, const void* map
       }
     }
   };
-  for (int it = 0; it < nk && it < T::STAGES; ++it) load_b(it);  // fresh slots: no empty wait
+  if (done == 0)
+    for (int it = 0; it < nk && it < T::STAGES; ++it) load_b(it);  // fresh slots: no empty wait
   for (int it = 0; it < nk; ++it) {
-    const int kc = kc_begin + it, slot = it % T::STAGES;
+    const u32 g = done + it;  // the chunk's number in the block's ring
+    const int kc = kc_begin + it, slot = g % T::STAGES;
     const u32 bar = r.full + slot * 8;
-    if (it >= T::STAGES) {
-      mbar_wait<(T::CLUSTER > 1)>(r.empty + slot * 8, ((it / T::STAGES) - 1) & 1, err);
+    if (g >= T::STAGES) {
+      mbar_wait<(T::CLUSTER > 1)>(r.empty + slot * 8, ((g / T::STAGES) - 1) & 1, err);
       load_b(it);
+    } else if (done > 0) {
+      load_b(it);  // a fresh slot that the first tile's early B copies did not reach
     }
     if (rn == 0) {
       wait_one(kc, it == 0);  // ends with fence.proxy.async.global where it waited
@@ -361,12 +380,28 @@ __device__ __forceinline__ void tma_produce(const TmaRing<T>& r, const void* map
   }
 }
 
+// The producer warp of a tile that is a block's only one: registers given up (where they move),
+// then the issuing thread copies the tile.
+template <class T, bool B_ONCE, class WaitOne>
+__device__ __forceinline__ void tma_produce(const TmaRing<T>& r, const void* mapA, const void* mapB, int m0, int n0,
+                                            int kc_begin, int kc_end, u32* err, WaitOne wait_one) {
+  if constexpr (T::REALLOC) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(T::PRODUCER_REGS));
+  if (tma_issuer<T>()) tma_produce_tile<T, B_ONCE>(r, mapA, mapB, m0, n0, kc_begin, kc_end, err, wait_one);
+}
+
+// Where the MMA warps are in the ring: the slot of their next chunk and the parity of its fill.
+struct RingPos {
+  u32 slot = 0, phase = 0;
+};
+
 // The MMA warps: they only wait for full slots and hand each slot back once the MMAs reading it
-// have retired. No block-wide barrier in the loop.
-template <class T>
-__device__ __forceinline__ void tma_consume(float (&acc)[T::MI][T::NI][4], const TmaRing<T>& r, int kc_begin,
-                                            int kc_end, u32* err) {
-  if constexpr (T::REALLOC) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(T::CONSUMER_REGS));
+// have retired. No block-wide barrier in the loop. `pos` starts at the tile's first chunk and ends
+// past its last. RELEASE_LAST: the last slot is handed back too, once its MMAs have retired (a
+// persistent block's next tile fills it); a block's only tile keeps it, since a peer of its cluster
+// may have left by then.
+template <class T, bool RELEASE_LAST = false>
+__device__ __forceinline__ void tma_consume_tile(float (&acc)[T::MI][T::NI][4], const TmaRing<T>& r, int kc_begin,
+                                                 int kc_end, u32* err, RingPos& pos) {
 #pragma unroll
   for (int j = 0; j < T::NI; ++j)
 #pragma unroll
@@ -384,20 +419,22 @@ __device__ __forceinline__ void tma_consume(float (&acc)[T::MI][T::NI][4], const
     da = wgmma_desc(r.sA + (wg / T::WN) * 64 * 128);
     db = wgmma_desc(r.sB + (wg % T::WN) * T::WGN * 128);
   }
-  u32 slot = 0, phase = 0, prev = T::STAGES - 1;  // the slot of iteration it, its fill's parity, it-1's slot
+  // One arrival per warp and block on a slot's empty barrier: lane r arrives in the block of rank r.
+  auto release = [&](u32 slot) {
+    const u32 bar = r.empty + slot * 8, lane = threadIdx.x % 32;
+    __syncwarp();
+    if constexpr (T::CLUSTER > 1) {
+      if (lane < T::CLUSTER) mbar_arrive_cluster(bar, lane);
+    } else if (lane == 0) {
+      mbar_arrive(bar);
+    }
+  };
+  u32 slot = pos.slot, phase = pos.phase, prev = 0;  // the slot of iteration it, its fill's parity, it-1's slot
   for (int it = 0; it < nk; ++it) {
     mbar_wait(r.full + slot * 8, phase, err);
     wgmma_slot<T>(acc[0], da + slot * A_STEP, A_ATOM, db + slot * B_STEP, B_ATOM);
     wgmma_wait<1>();  // the MMAs of iteration it-1 have retired: their slot goes back to the producers
-    if (it > 0) {  // one arrival per warp and block: lane r arrives in the block of rank r
-      const u32 bar = r.empty + prev * 8, lane = threadIdx.x % 32;
-      __syncwarp();
-      if constexpr (T::CLUSTER > 1) {
-        if (lane < T::CLUSTER) mbar_arrive_cluster(bar, lane);
-      } else if (lane == 0) {
-        mbar_arrive(bar);
-      }
-    }
+    if (it > 0) release(prev);
     prev = slot;
     if (++slot == T::STAGES) {
       slot = 0;
@@ -405,6 +442,20 @@ __device__ __forceinline__ void tma_consume(float (&acc)[T::MI][T::NI][4], const
     }
   }
   wgmma_wait<0>();
+  if constexpr (RELEASE_LAST) {
+    if (nk > 0) release(prev);
+  }
+  pos.slot = slot;
+  pos.phase = phase;
+}
+
+// The MMA warps of a tile that is a block's only one: registers taken (where they move), then the tile.
+template <class T>
+__device__ __forceinline__ void tma_consume(float (&acc)[T::MI][T::NI][4], const TmaRing<T>& r, int kc_begin,
+                                            int kc_end, u32* err) {
+  if constexpr (T::REALLOC) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(T::CONSUMER_REGS));
+  RingPos pos;
+  tma_consume_tile<T>(acc, r, kc_begin, kc_end, err, pos);
 }
 
 // Same contract as mainloop_wg(), warp-specialized (tma_produce, tma_consume): the last warp's

@@ -48,6 +48,13 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
     """The constraints restated from their definitions, independently of the solver."""
     shifts = []  # per stage: whether its tile moves registers from its producer (setmaxnreg)
     for st, t in zip(chain.stages, cfg.tiles):
+        # persistent blocks: TMA-fed whole tiles, more of them than one block per SM in whole
+        # clusters, block dispatch in a stream-ordered launch
+        if t.persist not in (0, 1) or t.persist and (
+                t.mma not in ("wgmma_tma", "wgmma_tma_t") or t.split_k > 1
+                or -(-st.m // t.bm) * -(-st.n // t.bn) <= dev.sms // (t.cm * t.cn) * (t.cm * t.cn)
+                or cfg.dispatch != "block" or cfg.launch not in ("serial", "pdl")):
+            return False
         if t.cm * t.cn > 1 and (t.mma not in ("wgmma_tma", "wgmma_tma_t") or t.cm * t.cn > max_cluster or -(-st.m // t.bm) % t.cm
                                 or -(-st.n // t.bn) % t.cn or cfg.dispatch != "block" or cfg.launch == "fused"):
             return False
@@ -64,10 +71,13 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
             shifts.append(shift)
             threads += 96 * shift
             if (t.wm != 1 or t.bn != 64 * t.wn or t.bm % 8 or t.bm > 256 or t.bk % 64 or t.stages < 3
-                    or t.bm * (t.bn + 4) * 4 > t.stages * (t.bm + t.bn) * 2 * t.bk
+                    # a block's only tile parks its fp32 output in the ring; a persistent one 64 rows
+                    # at a time beside it
+                    or not t.persist and t.bm * (t.bn + 4) * 4 > t.stages * (t.bm + t.bn) * 2 * t.bk
                     or threads > max_threads or t.bm // 2 > max_regs
                     or t.bm // 2 + 56 > (232 if shift else 65536 // (-(-threads // 128) * 128))
-                    or t.stages * (t.bm + t.bn) * 2 * t.bk + 1024 + 16 * t.stages > dev.smem_per_block
+                    or t.stages * (t.bm + t.bn) * 2 * t.bk + 1024 + 16 * t.stages
+                    + t.persist * min(t.bm, 64) * (t.bn + 4) * 4 > dev.smem_per_block
                     or t.bm > max(8, -(-st.m // 8) * 8) or t.bn > n_cap or t.split_k > kc):
                 return False
             continue
@@ -174,6 +184,30 @@ def test_exact_count_matches_brute_force_with_clusters():
     assert {"cluster", "cluster_launch"} <= blamed
 
 
+# Persistent blocks: TMA-fed whole tiles, more tiles than SMs, block dispatch in a stream-ordered launch.
+TINY_PE = {**TINY, "stage": {"bm": [64], "bn": [64, 128], "bk": [64], "wm": [1], "wn": [1, 2], "stages": [3],
+                             "split_k": [1, 3], "mma": ["wgmma", "wgmma_tma", "wgmma_tma_t"], "cm": [1, 2],
+                             "persist": [0, 1]},
+           "global": {**TINY["global"], "launch": ["serial", "pdl", "two_stream", "fused"], "prefetch": ["none"]},
+           "limits": {"max_threads": 384, "max_tile_regs": 128, "max_cluster": 2}}
+
+
+def test_exact_count_matches_brute_force_with_persistent_blocks():
+    chain = get_workload("gpt3").chain(tokens=256, hidden=512, ffn=256)  # gemm1 4x4 or 4x2 tiles, gemm2 4x8 or 4x4
+    dev = DeviceInfo("tiny hopper", sms=12, smem_per_block=100 * 1024)
+    fs = parse_space(TINY_PE, "tiny_pe.toml").feasible(chain, dev)
+    brute = {c for c in all_configs(TINY_PE) if reference_feasible(chain, c, dev, 384, 128, max_cluster=2)}
+    assert set(fs) == brute
+    persistent = [c for c in brute if any(t.persistent for t in c.tiles)]
+    assert persistent and all(c.dispatch == "block" and c.launch in ("serial", "pdl") for c in persistent)
+    assert {t.mma for c in persistent for t in c.tiles if t.persistent} == {"wgmma_tma", "wgmma_tma_t"}
+    # 16 tiles outnumber 12 SMs, not 12 SMs' 6 clusters of 2 blocks... which hold 12 blocks: both persist
+    assert any(t.persistent and t.cluster == 2 for c in persistent for t in c.tiles)
+    assert not any(t.persistent and t.bn == 128 and i == 0 for c in persistent for i, t in enumerate(c.tiles))
+    blamed = {fs.contains(c).split(":")[0] for c in all_configs(TINY_PE) if c not in brute}
+    assert {"persistence", "persistent_launch"} <= blamed
+
+
 def test_wgmma_is_infeasible_off_hopper():
     fs = parse_space(TINY_WG, "tiny_wg.toml").feasible(tiny_chain(), DeviceInfo("ampere", arch="sm_80"))
     assert fs.size > 0 and not any(t.mma != "sync" for c in fs for t in c.tiles)
@@ -197,9 +231,10 @@ def test_grid_order_depends_on_the_seed_only(tiny):
 
 def test_contains_agrees_with_brute_force_and_names_the_constraint(tiny):
     fs, brute = tiny
-    # Clusters have their own space below; a GEMM asks nothing of its own kind (tests/test_conv.py).
+    # Clusters and persistence have their own spaces below; a GEMM asks nothing of its own kind
+    # (tests/test_conv.py).
     named = ({name for name, _ in STAGE_CONSTRAINTS} | {"launch_mode", "policy_requires", "fused_threads"}) - \
-        {"cluster", "stage_kind"}
+        {"cluster", "persistence", "stage_kind"}
     seen_names = set()
     for cfg in all_configs(TINY):
         why = fs.contains(cfg)

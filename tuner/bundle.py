@@ -64,7 +64,7 @@ def write_entry(where: Path, chain: Any, config: Config, device: dict[str, Any],
     from .compile import compile_source, target_arch  # noqa: PLC0415
 
     arch = target_arch(device.get("arch", "sm_90"))
-    rendered = render(chain, config, device_epoch=True)
+    rendered = render(chain, config, device_epoch=True, **({"sms": int(device["sms"])} if device.get("sms") else {}))
     module = compile_source(rendered.source, arch)
     where.mkdir(parents=True, exist_ok=True)
     (where / "chain.cu").write_text(rendered.source)

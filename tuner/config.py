@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
-from .tiling import (TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, WARPGROUP_MMAS, StageGrid, StageTiles,  # noqa: F401
-                     cdiv, tile_value)
+from .tiling import (TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, TILE_OMITTED_AT_DEFAULT, WARPGROUP_MMAS,  # noqa: F401
+                     StageGrid, StageTiles, cdiv, tile_value)
 from .workloads import Chain
 
 GLOBAL_FIELDS = ("policy", "order", "dispatch", "launch", "prefetch")
@@ -45,9 +45,11 @@ class Config:
         return cls(tiles, *(str(params.get(f, GLOBAL_DEFAULTS.get(f))) for f in GLOBAL_FIELDS))
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as JSON data; a global field at its default is left out, so a config
-        keeps the form (and the storage key) it had before the field existed."""
-        return {"tiles": [asdict(t) for t in self.tiles],
+        """The config as JSON data; a global field at its default is left out, and so is a tile
+        field of :data:`TILE_OMITTED_AT_DEFAULT`, so a config keeps the form (and the storage key)
+        it had before the field existed."""
+        return {"tiles": [{k: v for k, v in asdict(t).items()
+                           if not (k in TILE_OMITTED_AT_DEFAULT and v == TILE_DEFAULTS[k])} for t in self.tiles],
                 **{f: getattr(self, f) for f in GLOBAL_FIELDS if GLOBAL_DEFAULTS.get(f) != getattr(self, f)}}
 
     @classmethod
@@ -68,6 +70,7 @@ class Config:
         """A compact one-line description for tables and logs."""
         t = " | ".join(f"{x.bm}x{x.bn}x{x.bk} {dict(wgmma='g', wgmma_tma='t', wgmma_tma_t='T').get(x.mma, 'w')}{x.wm}x{x.wn} s{x.stages}"
                        + (f" k{x.split_k}" if x.split_k > 1 else "")
-                       + (f" c{x.cm}x{x.cn}" if x.cluster > 1 else "") for x in self.tiles)
+                       + (f" c{x.cm}x{x.cn}" if x.cluster > 1 else "")
+                       + (" p" if x.persistent else "") for x in self.tiles)
         pre = "" if self.prefetch == "none" else f"+{self.prefetch}"
         return f"{self.policy}/{self.launch}/{self.order}-{self.dispatch}{pre} [{t}]"

@@ -156,16 +156,20 @@ STAGED_EPILOGUE = True
 
 
 def staged_epilogue(tl: StageTiles, out_cols: int) -> bool:
-    """Whether a tile's output (``out_cols`` wide, padded rows of 16-byte pieces) fits in its ring."""
-    return STAGED_EPILOGUE and out_cols % 8 == 0 and tl.bm * (out_cols + 8) * 2 <= tl.ring_bytes()
+    """Whether a tile's output (``out_cols`` wide, padded rows of 16-byte pieces) fits in its ring,
+    which is free after the mainloop: not so in a persistent block, whose ring holds the next tile's
+    slabs by then (its tile stores straight from registers)."""
+    return (STAGED_EPILOGUE and not tl.persistent and out_cols % 8 == 0
+            and tl.bm * (out_cols + 8) * 2 <= tl.ring_bytes())
 
 
 def _after_mainloop(tl: StageTiles) -> dict[str, str]:
     """Who takes part in a tile's work after its mainloop, as the templates spell it: ``BAR`` their
     barrier, ``EPI_THREADS`` their count, ``SPIN`` the wait a thread of theirs spins in. Where the
-    producer warpgroup gave its registers up and left (``realloc``), the MMA warps alone, on a named
-    barrier, and the spin inlined (an out-of-line copy would have to fit the producer's count)."""
-    if tl.realloc:
+    producer warpgroup gave its registers up and left (``realloc``), or goes on to the next tile
+    (``persistent``), the MMA warps alone, on a named barrier, and the spin inlined (an out-of-line
+    copy would have to fit the producer's count)."""
+    if tl.realloc or tl.persistent:
         return dict(BAR="tuner_bar_sync(T::MMA_THREADS)", EPI_THREADS="T::MMA_THREADS", SPIN="tuner_spin_until_inline")
     return dict(BAR="__syncthreads()", EPI_THREADS="T::THREADS", SPIN="tuner_spin_until")
 
@@ -180,11 +184,20 @@ def a_rows(m: int, bm: int) -> int:
     return min(bm, -(-m // 8) * 8)
 
 
-def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool = False) -> Rendered:
+def launched_blocks(g: StageGrid, sms: int) -> int:
+    """The blocks a stage's kernel launches: one per tile (and split), or for a persistent stage one
+    per SM in whole clusters, each looping over tiles (any count is correct; more than the device
+    holds at once only queue)."""
+    return min(g.blocks, sms // g.tiles.cluster * g.tiles.cluster) if g.tiles.persistent else g.blocks
+
+
+def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool = False,
+           sms: int = DeviceInfo.sms) -> Rendered:
     """Render ``config`` for ``chain``; the config is trusted to satisfy the space's constraints.
 
     With ``device_epoch`` the kernels number their runs themselves (a counter per kernel in the
-    state) and ignore the epoch argument, so a CUDA graph can replay the chain as captured."""
+    state) and ignore the epoch argument, so a CUDA graph can replay the chain as captured.
+    ``sms``: the device's SMs, which size the grid of a persistent stage."""
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}")
     grids = config.grids(chain)
@@ -201,6 +214,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
                      **order_env(g), KS=g.ks, KC=g.kc, blocks=g.blocks, threads=tl.threads,
                      BM=tl.bm, BN=tl.bn, BK=tl.bk, WM=tl.wm, WN=tl.wn, STAGES=tl.stages, MMA=tl.mma, CLUSTER=tl.cluster,
                      TMA=tl.tma, TRANSPOSED=tl.transposed, T_PITCH=tl.transposed_pitch, REALLOC=tl.realloc,
+                     PERSIST=tl.persistent, SLICE_ROWS=min(tl.bm, tl.SLICE_ROWS) if tl.persistent else tl.bm,
                      PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, **_after_mainloop(tl),
                      A_ROWS=a_rows(st.m, tl.bm), OW=tl.bn // st.fold, epi=get_epilogue(st.epilogue),
                      a_arg=kind_of(st).a_arg(st),
@@ -266,7 +280,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
             stream = 0 if config.launch in STREAM_ORDERED else i % 2
             if stages[i]["guard"] is not None:
                 out.append(Launch(f"guard{i}_kernel", 1, 32, 0, stream))
-            out.append(Launch(f"stage{i}_kernel", g.blocks, g.tiles.threads, _smem(g), stream,
+            out.append(Launch(f"stage{i}_kernel", launched_blocks(g, sms), g.tiles.threads, _smem(g), stream,
                               pdl=config.launch == "pdl" and i > 0))
         launches = tuple(out)
     digest = hashlib.sha256(source.encode()).hexdigest()

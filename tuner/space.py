@@ -28,11 +28,13 @@ import numpy as np
 from . import UsageError
 from .device import DeviceInfo
 from .config import GLOBAL_DEFAULTS, GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
+from .tiling import TILE_SWITCHES
 from .expr import Expr
 from .tiling import CONSUMER_REGS, WG_OVERHEAD_REGS, even_share, next_pow2
 from .prefetch import PREFETCHES, prefetch_allowed
 from .stages import kind_of
-from .sync import (DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, grid_env, launch_allowed, pair_env)
+from .sync import (DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, grid_env, launch_allowed, pair_env,
+                   persistent_allowed)
 from .tomlfile import did_you_mean, read_toml
 from .workloads import Chain
 
@@ -117,9 +119,18 @@ def _choice_list(value: Any, where: str, accepted: Sequence[str], source: str) -
     return tuple(items)
 
 
+def _switch_list(value: Any, where: str, source: str) -> tuple[int, ...]:
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not items or any(v not in (0, 1) or isinstance(v, bool) for v in items) or len(set(items)) != len(items):
+        raise SpaceError(f"{source}: {where} = {value!r}: accepted: 0 (off), 1 (on) or [0, 1]")
+    return tuple(items)
+
+
 def _tile_list(value: Any, where: str, key: str, source: str) -> tuple[Any, ...]:
     if key in TILE_CHOICES:
         return _choice_list(value, where, TILE_CHOICES[key], source)
+    if key in TILE_SWITCHES:
+        return _switch_list(value, where, source)
     return _int_list(value, where, source)
 
 
@@ -203,7 +214,7 @@ def warp_tile(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
                 return f"a transposed {t.bm}x{t.bn} tile is not 64 columns per warpgroup for 1x{t.wn} warpgroups"
             if t.bm % 8 or t.bm > 256:
                 return f"BM={t.bm} of a transposed tile is not a multiple of 8 up to 256 rows"
-            if t.transposed_out_bytes() > t.ring_bytes():
+            if not t.persistent and t.transposed_out_bytes() > t.ring_bytes():
                 return f"the fp32 {t.bm}x{t.bn} tile does not fit in the {t.ring_bytes()}-byte ring for its epilogue"
         else:
             wgn = t.bn // t.wn
@@ -301,6 +312,29 @@ def cluster(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
     return None
 
 
+def resident_blocks(t: StageTiles, dev: DeviceInfo) -> int:
+    """The blocks a persistent stage launches: one per SM, in whole clusters."""
+    return dev.sms // t.cluster * t.cluster
+
+
+def persistence(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
+    """Persistent blocks (``persist`` = 1) loop over the tiles of a TMA-fed stage, one split each,
+    and only where there are more tiles than blocks resident at once: with fewer, each block runs
+    one tile, as without."""
+    t = g.tiles
+    if t.persist not in (0, 1):
+        return f"persist={t.persist} is not 0 or 1"
+    if not t.persistent:
+        return None
+    if not t.tma:
+        return f"persistent blocks carry a TMA ring from tile to tile; mma={t.mma} has none"
+    if t.split_k > 1:
+        return f"persistent blocks compute whole tiles, not split_k={t.split_k} partial ones"
+    if g.blocks <= resident_blocks(t, dev):
+        return f"{g.blocks} tiles run one per block on the device's {dev.sms} SMs without persistence"
+    return None
+
+
 def stage_kind(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
     """What the stage's own kind asks of a tiling (a convolution's chunk holds one tap...)."""
     return kind_of(g.stage).tiling_problem(g)
@@ -318,6 +352,7 @@ STAGE_CONSTRAINTS: tuple[tuple[str, StageConstraint], ...] = (
     ("tile_width", tile_width),
     ("split_k", split_k),
     ("cluster", cluster),
+    ("persistence", persistence),
     ("stage_kind", stage_kind),
 )
 
@@ -349,6 +384,13 @@ def cluster_launch(dispatch: str, launch: str, grids: Sequence[StageGrid]) -> st
     return f"{', '.join(clustered)}: {why}" if why else None
 
 
+def persistent_launch(dispatch: str, launch: str, grids: Sequence[StageGrid]) -> str | None:
+    """Persistent stages need block dispatch in a stream-ordered launch (see :func:`tuner.sync.persistent_allowed`)."""
+    persistent = [g.stage.name for g in grids if g.tiles.persistent]
+    why = persistent_allowed(dispatch, launch) if persistent else None
+    return f"{', '.join(persistent)}: {why}" if why else None
+
+
 def policy_requires(policy: str, producer: StageGrid, consumer: StageGrid) -> str | None:
     """The sync policy's own condition on a producer/consumer pair of tilings."""
     pol = POLICIES[policy]
@@ -377,7 +419,8 @@ def fused_threads(launch: str, grids: Sequence[StageGrid]) -> str | None:
 
 
 # Across the chain: the first two read the global choices (and the chain and device), the others the tilings too.
-CHAIN_CONSTRAINTS = ("launch_mode", "prefetch_fits", "policy_requires", "fused_threads", "cluster_launch")
+CHAIN_CONSTRAINTS = ("launch_mode", "prefetch_fits", "policy_requires", "fused_threads", "cluster_launch",
+                     "persistent_launch")
 
 
 # ---------------------------------------------------------------------------
@@ -540,7 +583,7 @@ class FeasibleSet:
         self.combos: list[tuple[str, ...]] = [
             combo for combo in itertools.product(*(space.globals[f] for f in GLOBAL_FIELDS))
             if combo_problem(combo, chain, device) is None]
-        self._plans: dict[tuple[str, bool], _Plan] = {}
+        self._plans: dict[tuple[str, bool, bool, bool], _Plan] = {}
         counts = [self._plan(c).total for c in self.combos]
         self._combo_counts = counts
         self._prefix = list(itertools.accumulate(counts))
@@ -559,13 +602,14 @@ class FeasibleSet:
     def _plan(self, combo: tuple[str, ...]) -> _Plan:
         policy, _order, dispatch, launch, _prefetch = combo
         clusters = cluster_allowed(dispatch, launch) is None
+        persistent = persistent_allowed(dispatch, launch) is None
         fused = launch == "fused"
-        key = (policy, fused, clusters)
+        key = (policy, fused, clusters, persistent)
         if key not in self._plans:
             pol = POLICIES[policy]
             # A fused launch takes no tile that reallocates registers (see fused_threads).
-            tilings = [[g for g in gs if (clusters or g.tiles.cluster == 1) and not (fused and g.tiles.realloc)]
-                       for gs in self.tilings]
+            tilings = [[g for g in gs if (clusters or g.tiles.cluster == 1) and (persistent or not g.tiles.persistent)
+                        and not (fused and g.tiles.realloc)] for gs in self.tilings]
             self._plans[key] = _Plan(self.chain, tilings, pol.requires if pol else None, key[1])
         return self._plans[key]
 
@@ -612,7 +656,7 @@ class FeasibleSet:
                        "needs ticket dispatch; prefetch_fits: an L2 prefetch needs Hopper and inputs that fit L2)")
         if not out and self._explicit is None:
             out.append("every combination of stage tilings breaks a cross-stage constraint "
-                       "(policy_requires, fused_threads or cluster_launch)")
+                       "(policy_requires, fused_threads, cluster_launch or persistent_launch)")
         if not out and self._explicit is not None:
             out.append(f"none of the {self._explicit_from} recorded configs is inside the search space")
         return out
@@ -660,6 +704,9 @@ class FeasibleSet:
         why = cluster_launch(config.dispatch, config.launch, grids)
         if why is not None:
             return f"cluster_launch: {why}"
+        why = persistent_launch(config.dispatch, config.launch, grids)
+        if why is not None:
+            return f"persistent_launch: {why}"
         return None
 
     def unrank(self, i: int) -> Config:

@@ -166,6 +166,17 @@ def cluster_allowed(dispatch: str, launch: str) -> str | None:
     return None
 
 
+def persistent_allowed(dispatch: str, launch: str) -> str | None:
+    """Why stages of this dispatch/launch cannot run persistent blocks, or None if they can. A
+    persistent block takes the tiles ``blockIdx.x``, ``+ gridDim.x``, ... in turn, which only block
+    dispatch numbers so; and only the stream-ordered launches have no tile waits, which a block
+    looping over tiles would hold its SM through (and the guard of two_stream counts one block per
+    tile)."""
+    if dispatch != "block" or launch not in STREAM_ORDERED:
+        return "persistent blocks need block dispatch in a stream-ordered launch (serial, pdl)"
+    return None
+
+
 def grid_env(grid: "StageGrid", idx: str) -> dict[str, int]:
     """Values of the constant names a policy formula reads for one stage, suffixed ``idx``
     (``"1"`` as the producer of a pair, ``"2"`` as its consumer): tile height ``BM``, tile

@@ -20,7 +20,7 @@ class Shaped(Protocol):
     k: int
 
 
-TILE_FIELDS = ("bm", "bn", "bk", "wm", "wn", "stages", "split_k", "mma", "cm", "cn")
+TILE_FIELDS = ("bm", "bn", "bk", "wm", "wn", "stages", "split_k", "mma", "cm", "cn", "persist")
 # Tile fields that name a choice rather than count something, with their accepted values.
 # "sync": mma.sync warps (any sm_80+); "wgmma": Hopper warpgroup MMAs from swizzled shared memory
 # filled by cp.async; "wgmma_tma": the same MMAs, shared memory filled by the Tensor Memory Accelerator;
@@ -28,9 +28,14 @@ TILE_FIELDS = ("bm", "bn", "bk", "wm", "wn", "stages", "split_k", "mma", "cm", "
 # the tile's BM rows (tokens) as its N, a multiple of 8 up to 256: few tokens no longer pad to 64,
 # and M = 320 cuts into two tiles of 160.
 TILE_CHOICES: dict[str, tuple[str, ...]] = {"mma": ("sync", "wgmma", "wgmma_tma", "wgmma_tma_t")}
+# Tile fields that switch something on (1) or off (0).
+TILE_SWITCHES = ("persist",)
 WARPGROUP_MMAS = ("wgmma", "wgmma_tma", "wgmma_tma_t")
 TMA_MMAS = ("wgmma_tma", "wgmma_tma_t")
-TILE_DEFAULTS: dict[str, Any] = {"split_k": 1, "mma": "sync", "cm": 1, "cn": 1}  # what records made before a field existed mean
+TILE_DEFAULTS: dict[str, Any] = {"split_k": 1, "mma": "sync", "cm": 1, "cn": 1, "persist": 0}  # what records made before a field existed mean
+# Tile fields that a config's JSON form leaves out at their default, so that configs recorded
+# before the field existed keep their form (and storage key).
+TILE_OMITTED_AT_DEFAULT = ("persist",)
 
 REGISTERS = 65536  # per SM, and per block at one block per SM
 WG_OVERHEAD_REGS = 56  # registers a warpgroup kernel needs besides its accumulators (ptxas reports 26-52)
@@ -82,6 +87,7 @@ class StageTiles:
     mma: str = "sync"
     cm: int = 1
     cn: int = 1
+    persist: int = 0
 
     @property
     def cluster(self) -> int:
@@ -139,12 +145,34 @@ class StageTiles:
         row = self.bk * 2 if self.warpgroup else self.bk * 2 + 16
         return self.stages * (self.bm + self.bn) * row
 
+    @property
+    def persistent(self) -> bool:
+        """Whether the stage runs persistent blocks (``persist`` = 1, TMA-fed tiles): as many blocks
+        as the device holds at once, each looping over tiles with its ring carried from one tile to
+        the next, so the producer fills the ring for the next tile while the MMA warps store this
+        one's epilogue. Without it every tile is a block of its own, which fills its ring from empty
+        and stores its epilogue with no copy in flight."""
+        return bool(self.persist)
+
     def smem_bytes(self) -> int:
         """Shared memory of a block: the ring, plus for wgmma 1 KiB of alignment slack and, when the
-        TMA fills the ring, two 8-byte mbarriers (full, empty) per slot."""
+        TMA fills the ring, two 8-byte mbarriers (full, empty) per slot; a persistent transposed
+        tile adds the slice its epilogue parks rows in (the ring is busy with the next tile)."""
         if self.warpgroup:
-            return self.ring_bytes() + 1024 + (16 * self.stages if self.tma else 0)
+            return self.ring_bytes() + 1024 + (16 * self.stages if self.tma else 0) + self.epilogue_slice_bytes()
         return self.ring_bytes()
+
+    # Rows of a transposed tile that a persistent block parks at a time for its epilogue.
+    SLICE_ROWS = 64
+
+    def epilogue_slice_bytes(self) -> int:
+        """Shared memory a persistent transposed tile parks its epilogue in, beside its ring: fp32
+        rows of :attr:`transposed_pitch`, :data:`SLICE_ROWS` (or BM, if fewer) at a time. Other
+        tiles park nothing: a persistent tile that is not transposed stores straight from its
+        registers."""
+        if not (self.persistent and self.transposed):
+            return 0
+        return min(self.bm, self.SLICE_ROWS) * self.transposed_pitch * 4
 
     @property
     def transposed_pitch(self) -> int:

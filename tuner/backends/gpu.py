@@ -363,7 +363,7 @@ class GpuBackend(Backend):
         ``device_epoch``: the source that numbers its runs on the device, for CUDA graphs."""
         from ..compile import CompileError, compile_source, target_arch
 
-        rendered = render(chain, config, fault, device_epoch=device_epoch)
+        rendered = render(chain, config, fault, device_epoch=device_epoch, sms=self._device.sms)
         base = dict(source_hash=rendered.hash)
         try:
             mod = compile_source(rendered.source, target_arch(self._device.arch), cache_dir=self.cache_dir,
