@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tqdm import tqdm  # noqa: E402
 
 import test_gpu as cases  # noqa: E402
-from tuner.cases import clustered, coverage, reallocated  # noqa: E402
+from tuner.cases import clustered, coverage, persistent, reallocated  # noqa: E402
 from tuner.compile import compile_many, target_arch  # noqa: E402
 from tuner.render import render  # noqa: E402
 from tuner.workloads import get_workload  # noqa: E402
@@ -39,6 +39,8 @@ def sources() -> dict[str, str]:
     rendered += [render(odd, c, device_epoch=True) for mma in cases.MMAS for c in coverage(odd, mma)]
     for workload, size in cases.REALLOC_CASES:
         rendered += [render(chain(workload, size), c) for c in reallocated(chain(workload, size))]
+        rendered += [render(chain(workload, size), c, device_epoch=graphs) for graphs in (False, True)
+                     for c in persistent(chain(workload, size), sms=8)]
     graphed = chain("gpt3", dict(tokens=64))  # a backend timing graphs
     rendered += [render(graphed, c, device_epoch=True) for c in coverage(graphed, "wgmma_tma")]
     for workload, size, mma in cases.CONV_CASES:

@@ -9,7 +9,7 @@ import pytest
 
 from tuner import compile as tc
 from tuner.backends.base import DeviceInfo
-from tuner.cases import clustered, combos, coverage, reallocated
+from tuner.cases import clustered, combos, coverage, persistent, reallocated
 from tuner.checker import check
 from tuner.paths import home
 from tuner.render import render
@@ -39,7 +39,8 @@ def variants(per_size: int, seed: int = 0):
         for size in sizes:
             chain = WORKLOADS[name].chain(**size)
             fs = space.feasible(chain, H200)
-            picked = [c for c in coverage(chain) + clustered(chain) + reallocated(chain) if fs.contains(c) is None]
+            picked = [c for c in coverage(chain) + clustered(chain) + reallocated(chain) + persistent(chain, H200.sms)
+                      if fs.contains(c) is None]
             while len(picked) < len(combos()) + per_size:
                 c = fs.sample(rng)
                 if c not in picked and check(chain, c) is None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.cases import clustered, combos, coverage, reallocated
+from tuner.cases import clustered, combos, coverage, persistent, reallocated
 from tuner.workloads import get_workload
 
 pytestmark = pytest.mark.gpu
@@ -82,6 +82,23 @@ def test_tiles_that_move_registers_between_warpgroups_are_correct(backend, workl
     assert cfgs
     failures = failures_of(backend, chain, cfgs)
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("workload,size", REALLOC_CASES,
+                         ids=lambda s: s if isinstance(s, str) else ",".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.parametrize("graphs", [False, True], ids=["launches", "graphs"])
+def test_persistent_blocks_looping_over_tiles_are_correct(workload, size, graphs):
+    from tuner.backends.gpu import GpuBackend
+
+    chain = get_workload(workload).chain(**size)
+    cfgs = persistent(chain, sms=8)  # 8 blocks, each looping over 4 to 26 tiles
+    assert cfgs
+    b = GpuBackend(warmup=1, reps=3, graphs=graphs, persistent_blocks=8)
+    try:
+        failures = failures_of(b, chain, cfgs)
+        assert not failures, "\n".join(failures)
+    finally:
+        b.close()
 
 
 @pytest.mark.parametrize("mma", MMAS)

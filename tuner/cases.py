@@ -116,3 +116,36 @@ def reallocated(chain: Chain) -> list[Config]:
         assert all(t.realloc for t in tiles)
         out.append(Config(tuple(tiles), p, o, d, l))
     return out
+
+
+def persistent(chain: Chain, sms: int) -> list[Config]:
+    """TMA configs whose stages run persistent blocks on a device of ``sms`` SMs, each block looping
+    over several tiles: under both stream-ordered launches and both orders, cycling through the
+    plain tile, the transposed tile (160 rows where M has them: its epilogue parks 64, 64 and 32
+    rows), a 2x1 cluster where the tile grid divides and the two-warpgroup
+    tile that moves registers where the chain is wide enough. A stage with no more tiles than
+    ``sms`` keeps one tile per block. Empty for chains of other stage kinds."""
+    from .space import persistence  # noqa: PLC0415 - the space imports the cases' modules
+    from .space import Limits
+
+    if any(st.kind != "gemm" for st in chain.stages):
+        return []
+    dev = DeviceInfo("cases", sms=sms)
+    out = []
+    wide = chain.stages[0].m >= 65 and min(st.n for st in chain.stages) >= 129
+    for i, (p, o, d, l) in enumerate(c for c in combos() if c[2] == "block" and c[3] in ("serial", "pdl")):
+        variant = i % 4 if i % 4 < 3 or wide else 0
+        tiles = list(tiles_for(chain, mma="wgmma_tma_t" if variant == 1 else "wgmma_tma"))
+        if variant == 1 and chain.stages[0].m >= 160:  # rows parked in slices of 64, the last one partial
+            tiles = [replace(t, bm=160) for t in tiles]
+        if variant == 3:
+            tiles = [StageTiles(128, 256, 64, 2, 1, 4, 1, "wgmma_tma") for _ in chain.stages]
+        chosen = []
+        for st, t in zip(chain.stages, tiles):
+            t = replace(t, persist=1)
+            if variant == 2 and StageGrid(st, t).mt % 2 == 0:
+                t = replace(t, cm=2)
+            chosen.append(t if persistence(StageGrid(st, t), Limits(), dev) is None else replace(t, persist=0))
+        if any(t.persistent for t in chosen):
+            out.append(Config(tuple(chosen), p, o, d, l))
+    return out

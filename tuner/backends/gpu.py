@@ -332,9 +332,11 @@ class GpuBackend(Backend):
     IDLE_S = 0.3  # idle before each final-round timing: the clock drops under sustained load
 
     def __init__(self, *, warmup: int = 5, reps: int = 30, seed: int = 0, cache_dir: str | None = None,
-                 graphs: bool = False):
+                 graphs: bool = False, persistent_blocks: int | None = None):
         """``graphs``: every config runs from CUDA graphs, in the search as in the final rounds (its
-        source numbering its runs on the device), as a graph-captured baseline does; else as launches."""
+        source numbering its runs on the device), as a graph-captured baseline does; else as launches.
+        ``persistent_blocks``: the blocks a persistent stage launches, for tests that make each block
+        loop over many tiles (default: the device's SMs)."""
         from ..compile import toolkit_version
 
         cp = _cp()
@@ -343,6 +345,7 @@ class GpuBackend(Backend):
         self.graphs = graphs
         self.cache_dir = cache_dir
         self._device = query_device(toolkit_version())
+        self._persistent_blocks = persistent_blocks or self._device.sms
         self._problems: dict[str, Problem] = {}
         self._refs: dict[str, Any] = {}
         self._draws = 0
@@ -363,7 +366,7 @@ class GpuBackend(Backend):
         ``device_epoch``: the source that numbers its runs on the device, for CUDA graphs."""
         from ..compile import CompileError, compile_source, target_arch
 
-        rendered = render(chain, config, fault, device_epoch=device_epoch, sms=self._device.sms)
+        rendered = render(chain, config, fault, device_epoch=device_epoch, sms=self._persistent_blocks)
         base = dict(source_hash=rendered.hash)
         try:
             mod = compile_source(rendered.source, target_arch(self._device.arch), cache_dir=self.cache_dir,
