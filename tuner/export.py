@@ -14,7 +14,7 @@ from typing import Any
 
 from . import UsageError, __version__
 from .backends.base import FAIL_REASONS
-from .config import GLOBAL_DEFAULTS, GLOBAL_FIELDS, TILE_CHOICES, TILE_FIELDS, Config
+from .config import GLOBAL_DEFAULTS, GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config
 from .store import check_exists, open_optuna_storage
 from .study import summarize
 from .workloads import get_workload
@@ -138,7 +138,8 @@ def to_header(doc: dict[str, Any]) -> str:
         cfg = r["best"]["config"]
         vals = [json.dumps(r["device"])] + [str(r["size"].get(p, 0)) for p in wl.params]
         vals += [json.dumps(cfg.get(k, GLOBAL_DEFAULTS.get(k))) for k in GLOBAL_FIELDS]
-        vals += ["{" + ", ".join(json.dumps(t[f]) if f in TILE_CHOICES else str(t[f]) for t in cfg["tiles"]) + "}"
+        vals += ["{" + ", ".join(json.dumps(v) if f in TILE_CHOICES else str(v)
+                                 for t in cfg["tiles"] for v in [t.get(f, TILE_DEFAULTS.get(f))]) + "}"
                  for f in TILE_FIELDS]
         vals += [_num(r["best"]["median_us"]), _num(r["baseline_us"]), _num(r["speedup"]),
                  "true" if r["replayed"] else "false", "true" if r["synthetic"] else "false"]
