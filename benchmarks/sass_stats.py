@@ -5,7 +5,7 @@ MMA loops, rendered from this checkout's kernel templates and from each variant'
     python benchmarks/sass_stats.py /tmp/fence \\
         --config studies/recheck/gpt3-256.measurements.json 'gpt3.gemm1/tokens=256' 6
 
-Variants and ``--config`` as in ``template_ab.py``. Each source is compiled with NVRTC (on the
+Variants, ``--config`` and ``--also`` as in ``template_ab.py``. Each source is compiled with NVRTC (on the
 CPU, through the kernel cache) and disassembled with ``nvdisasm`` (``pip install
 '.[inspect]'``); for each kernel it prints the static counts of its MMA loop (``tuner/sass.py``
 says which loop and what is counted): instructions per ``HGMMA``, the register-to-uniform moves,
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from template_ab import config_arguments, picked_configs, variant_homes  # noqa: E402
+from template_ab import also_arguments, config_arguments, picked_configs, tile_variant, variant_homes  # noqa: E402
 
 from tuner.sass import DisassemblerMissing, disassemble, mma_loop, nvdisasm, parse_sass  # noqa: E402
 
@@ -34,6 +34,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("variants", nargs="*", help="folders each holding a kernel_templates/ to compare")
     config_arguments(ap)
+    also_arguments(ap)
     ap.add_argument("--dump", metavar="DIR", help="also write each source and its SASS into DIR")
     args = ap.parse_args()
     homes = variant_homes(args.variants)
@@ -44,6 +45,7 @@ def main() -> int:
         raise SystemExit(str(exc)) from None
 
     from tuner.compile import CompileError, compile_source
+    from tuner.device import DeviceInfo
     from tuner.render import render
     from tuner.workloads import chain_from_label
 
@@ -55,9 +57,14 @@ def main() -> int:
         print(f"{rec.label}: {rec.config.short()}")
         print(f"  {'templates':>16} {'kernel':>14} {'regs':>5} {'insns':>6} {'loop':>5} {'HGMMA':>5} "
               f"{'per HGMMA':>9}  " + " ".join(f"{op.split('.')[-1]:>6}" for op in SHOWN[1:]))
-        for name, root in homes.items():
+        runs = [(name, root, rec.config) for name, root in homes.items()]
+        for change in args.also:
+            cfg = tile_variant(chain, rec.config, change, DeviceInfo("H200"))
+            if cfg is not None:
+                runs.append((f"{change}", homes["this checkout"], cfg))
+        for name, root, cfg in runs:
             os.environ["TUNER_HOME"] = str(root)  # the renderer reads its templates from here
-            rendered = render(chain, rec.config)
+            rendered = render(chain, cfg)
             try:
                 mod = compile_source(rendered.source, "sm_90a")
             except CompileError as exc:

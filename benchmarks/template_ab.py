@@ -48,6 +48,13 @@ def config_arguments(ap: argparse.ArgumentParser) -> None:
                          "configs whose label contains LABEL")
 
 
+def also_arguments(ap: argparse.ArgumentParser) -> None:
+    """The repeatable ``--also FIELD=VALUE``: each config also with a tile field changed."""
+    ap.add_argument("--also", action="append", default=[], metavar="FIELD=VALUE",
+                    help="each config also with this tile field changed (e.g. persist=1) in every stage that "
+                         "accepts it, from this checkout's templates (repeatable)")
+
+
 def picked_configs(specs: list[list[str]]) -> list[Record]:
     """The record each ``--config`` names; exits with one line for a spec that names none."""
     targets = []
@@ -91,9 +98,7 @@ def main() -> int:
     config_arguments(ap)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     ap.add_argument("--graphs", action="store_true", help="time from CUDA graphs, as bench --graphs does")
-    ap.add_argument("--also", action="append", default=[], metavar="FIELD=VALUE",
-                    help="also time each config with this tile field changed (e.g. persist=1) in every stage "
-                         "that accepts it, from this checkout's templates, in the same rounds (repeatable)")
+    also_arguments(ap)
     args = ap.parse_args()
     homes = variant_homes(args.variants)
     targets = picked_configs(args.config)

@@ -222,3 +222,29 @@ def test_a_process_renders_from_the_templates_folder_tuner_home_names_at_each_re
     assert variant.hash != shipped.hash
     monkeypatch.setenv("TUNER_HOME", shipped_home)
     assert render(CHAIN, cfg).hash == shipped.hash
+
+
+def test_a_persistent_stage_launches_one_block_per_sm_in_whole_clusters_and_loops_over_its_tiles():
+    chain = get_workload("gpt3").chain(tokens=2048)  # 128x128 tiles: 16x48 for gemm1, 16x96 for gemm2
+    plain = StageTiles(128, 128, 64, 2, 1, 4, 1, "wgmma_tma")
+    cfg = Config((replace(plain, persist=1), replace(plain, persist=1, cm=2)), "stream", "row", "block", "pdl")
+    r = render(chain, cfg, device_epoch=True, sms=132)
+    assert [(l.kernel, l.grid) for l in r.launches] == [("stage0_kernel", 132), ("stage1_kernel", 132)]
+    assert [l.grid for l in render(chain, cfg, sms=9).launches] == [9, 8]  # clusters of 2 blocks
+    assert r.source.count("tile += gridDim.x") == 4  # each stage's producer and MMA warps
+    assert r.source.count("tuner_run(state + ") == 2 and "gridDim.x, &run_ticket" in r.source
+    # Only the persistent tile carries its ring on and hands its last slot back.
+    one = render(chain, replace(cfg, tiles=(plain, plain)), sms=132)
+    assert [l.grid for l in one.launches] == [768, 1536] and "gridDim.x" not in one.source
+    assert "tma_consume_tile<T, true>" in r.source and "tma_consume_tile<T, true>" not in one.source
+
+
+def test_a_persistent_transposed_tile_parks_its_epilogue_in_slices_beside_the_ring():
+    chain = get_workload("gpt3").chain(tokens=2048)
+    t = StageTiles(160, 128, 64, 1, 2, 4, 1, "wgmma_tma_t")
+    cfg = Config((replace(t, persist=1), t), "stream", "row", "block", "serial")
+    r = render(chain, cfg)
+    stage0, stage1 = r.source.split("// ---- stage 1")
+    assert "SR = 64" in stage0 and "tma_epilogue_slice<T>(smem)" in stage0
+    assert "SR = 160" in stage1 and "tma_epilogue_slice" not in stage1
+    assert [l.smem for l in r.launches] == [t.smem_bytes() + 64 * 132 * 4, t.smem_bytes()]
