@@ -429,9 +429,13 @@ __device__ __forceinline__ void tma_consume_tile(float (&acc)[T::MI][T::NI][4], 
       mbar_arrive(bar);
     }
   };
+  // The full barriers' address as a value known to be the same in every lane: ptxas keeps it in a
+  // register then, where in a persistent block's nested loops it rebuilt it from the shared window
+  // every slot (15 instructions).
+  const u32 full = __shfl_sync(0xffffffffu, r.full, 0);
   u32 slot = pos.slot, phase = pos.phase, prev = 0;  // the slot of iteration it, its fill's parity, it-1's slot
   for (int it = 0; it < nk; ++it) {
-    mbar_wait(r.full + slot * 8, phase, err);
+    mbar_wait(full + slot * 8, phase, err);
     wgmma_slot<T>(acc[0], da + slot * A_STEP, A_ATOM, db + slot * B_STEP, B_ATOM);
     wgmma_wait<1>();  // the MMAs of iteration it-1 have retired: their slot goes back to the producers
     if (it > 0) release(prev);
