@@ -28,7 +28,7 @@ import numpy as np
 from . import UsageError
 from .device import DeviceInfo
 from .config import GLOBAL_DEFAULTS, GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
-from .tiling import TILE_SWITCHES
+from .tiling import TILE_SWITCHES, TMA_MMAS
 from .expr import Expr
 from .tiling import CONSUMER_REGS, WG_OVERHEAD_REGS, even_share, next_pow2
 from .prefetch import PREFETCHES, prefetch_allowed
@@ -571,13 +571,23 @@ class FeasibleSet:
         for stage, dom in zip(chain.stages, self.domains_space):
             ok: list[StageGrid] = []
             rejected: dict[str, int] = {}
-            for values in itertools.product(*(dom[f] for f in TILE_FIELDS)):
-                g = StageGrid(stage, StageTiles(**dict(zip(TILE_FIELDS, values))))
-                why = self._stage_reason(g)
-                if why is None:
-                    ok.append(g)
-                else:
-                    rejected[why[0]] = rejected.get(why[0], 0) + 1
+            # persist is the last field: each tiling is tried without, then with persistent blocks,
+            # which only a TMA-fed tile of one split may have (persistence), so the others are not
+            # built twice (that doubled the enumeration's time).
+            *rest, last = TILE_FIELDS
+            assert last == "persist"
+            for values in itertools.product(*(dom[f] for f in rest)):
+                base = dict(zip(rest, values))
+                for persist in dom["persist"]:
+                    if persist and not (base["mma"] in TMA_MMAS and base["split_k"] == 1):
+                        why = ("persistence", "")
+                    else:
+                        g = StageGrid(stage, StageTiles(**base, persist=persist))
+                        why = self._stage_reason(g)
+                    if why is None:
+                        ok.append(g)
+                    else:
+                        rejected[why[0]] = rejected.get(why[0], 0) + 1
             self.tilings.append(ok)
             self._rejections.append(rejected)
         self.combos: list[tuple[str, ...]] = [
