@@ -12,7 +12,7 @@ from tuner.config import Config, StageTiles
 from tuner.paths import home
 from tuner.space import load_space
 from tuner.strategies import Outcome, SearchContext
-from tuner.strategies.staged import CLUSTER_TOP, Staged
+from tuner.strategies.staged import CLUSTER_TOP, PERSIST_TOP, Staged
 from tuner.workloads import get_workload
 
 H200 = DeviceInfo("NVIDIA H200")
@@ -58,11 +58,20 @@ def test_cluster_variants_of_the_fastest_tilings_are_the_feasible_cluster_shapes
     st.observe(Outcome(p, 100.0) for p in more)
     clustered = st.propose(400)
     assert clustered and all(p.phase == "stage pass" and p.tiles.cluster > 1 for p in clustered)
-    fastest = {j: st.fastest(j, CLUSTER_TOP, clustered=False) for j in range(2)}
+    fastest = {j: st.fastest(j, CLUSTER_TOP, plain=True) for j in range(2)}
     for p in clustered:
         plain = replace(p.tiles, cm=1, cn=1)
         assert plain in fastest[p.stage] and p.tiles in st.allowed[p.stage]
     assert {(p.tiles.cm, p.tiles.cn) for p in clustered} == {(2, 1), (1, 2)}
+    # Then the fastest tilings, clustered or not, with persistent blocks where the stage allows them
+    # (more tiles than SMs: the narrower tiles of gemm2 here).
+    st.observe(Outcome(p, (5.0 if replace(p.tiles, persist=1) in st.allowed[p.stage] else 60.0) + i)
+               for i, p in enumerate(clustered))
+    fastest = {j: st.fastest(j, PERSIST_TOP) for j in range(2)}
+    persistent = st.propose(400)
+    assert persistent and all(p.phase == "stage pass" and p.tiles.persistent for p in persistent)
+    assert {(p.stage, replace(p.tiles, persist=0)) for p in persistent} == {
+        (j, t) for j in range(2) for t in fastest[j] if replace(t, persist=1) in st.allowed[j]}
     st64 = staged(64)  # 64-row tiles make one row: no cluster along M (shorter transposed tiles can)
     assert not [t for t in st64.allowed[1] if t.cm > 1 and t.bm == 64]
     assert [t for t in st64.allowed[1] if t.cm > 1 and t.bm < 64 and t.transposed]

@@ -8,7 +8,8 @@
    (8 each, fewer where four instructions share the probe's 24),
    then more shapes of the instructions whose probe came within :data:`LIVE_KIND` of the
    best, each shape with its two best pipeline/split variants, then the fastest tilings again
-   in thread-block clusters. A stage dominates the chain's time and its best tiling barely
+   in thread-block clusters, then the fastest again with persistent blocks (where the stage
+   has more tiles than SMs). A stage dominates the chain's time and its best tiling barely
    depends on the sync choice, so this is where most of the budget goes.
 2. **Chain pass.** The fastest tilings of each stage, paired in the order of their summed
    stage times, under every sync choice (policy, order, dispatch, launch) the space holds
@@ -55,6 +56,7 @@ TOP_PER_STAGE = 3  # fastest tilings per stage that the chain pass pairs
 ALT_COMBOS = 2  # sync choices, the best for the fastest pairing, under which its instruction swaps are tried
 CLUSTER_TOP = 3  # fastest tilings per stage tried again in clusters
 CLUSTERS = ((2, 1), (1, 2))
+PERSIST_TOP = 3  # fastest tilings per stage (clustered or not) tried again with persistent blocks
 PARENTS = 4  # best chains whose neighbours refinement tries
 SWAP_TOP = 8  # fastest stage tilings a neighbour may swap in
 REFINE_BATCH = 8
@@ -63,6 +65,13 @@ EXPLORE_BATCH = 8  # TPE proposals per batch once the neighbourhood is exhausted
 
 def _shape(t: StageTiles) -> tuple:
     return (t.mma, t.bm, t.bn, t.bk, t.wm, t.wn)
+
+
+def _plain(t: StageTiles) -> bool:
+    """Without a cluster or persistent blocks: what the probe times first, and what every sync
+    choice takes (clusters rule out ticket dispatch and the fused launch, persistent blocks all but
+    block dispatch in a stream-ordered launch)."""
+    return t.cluster == 1 and not t.persistent
 
 
 def core_combos(combos: Iterable[tuple[str, ...]]) -> list[tuple[str, ...]]:
@@ -130,7 +139,7 @@ class Staged(Strategy):
             per_kind = min(PROBE, max(2, PROBE_SHAPES // max(1, len({g.tiles.mma for g in self.ranked[j]}))))
             for g in self.ranked[j]:
                 t = g.tiles
-                if t.cluster == 1 and _shape(t) not in shapes and len(by_kind.setdefault(t.mma, [])) < per_kind:
+                if _plain(t) and _shape(t) not in shapes and len(by_kind.setdefault(t.mma, [])) < per_kind:
                     shapes.add(_shape(t))
                     by_kind[t.mma].append(t)
             kinds.append(by_kind)
@@ -149,9 +158,9 @@ class Staged(Strategy):
                     if (u := replace(t, stages=t.stages + d)) in self.allowed[j] and u not in self.alone[j]]
             for g in self.ranked[j]:
                 t = g.tiles
-                if len(more) >= room - CLUSTER_TOP * len(CLUSTERS):
+                if len(more) >= room - CLUSTER_TOP * len(CLUSTERS) - PERSIST_TOP:
                     break
-                if t.cluster > 1 or t.mma not in live or t in self.alone[j] or t in more:
+                if not _plain(t) or t.mma not in live or t in self.alone[j] or t in more:
                     continue
                 if variants.get(_shape(t), 0) < PER_SHAPE:
                     variants[_shape(t)] = variants.get(_shape(t), 0) + 1
@@ -161,23 +170,27 @@ class Staged(Strategy):
         clustered = []
         for j in range(self.n):
             vs = []
-            for t in self.fastest(j, CLUSTER_TOP, clustered=False):
+            for t in self.fastest(j, CLUSTER_TOP, plain=True):
                 for cm, cn in CLUSTERS:
                     v = replace(t, cm=cm, cn=cn)
                     if v != t and v not in vs:
                         vs.append(v)
             clustered.append(vs)
         yield self._stage_batch(clustered)
+        # Persistent blocks (where the space allows them: TMA-fed whole tiles outnumbering the SMs).
+        yield self._stage_batch([[replace(t, persist=1) for t in self.fastest(j, PERSIST_TOP)]
+                                 for j in range(self.n)])
 
-    def fastest(self, j: int, k: int, clustered: bool = True) -> list[StageTiles]:
-        """Stage ``j``'s ``k`` fastest tilings timed alone."""
-        timed = [(us, t) for t, us in self.alone[j].items() if us is not None and (clustered or t.cluster == 1)]
+    def fastest(self, j: int, k: int, plain: bool = False) -> list[StageTiles]:
+        """Stage ``j``'s ``k`` fastest tilings timed alone; with ``plain``, of those without clusters
+        or persistent blocks."""
+        timed = [(us, t) for t, us in self.alone[j].items() if us is not None and (not plain or _plain(t))]
         return [t for _, t in sorted(timed, key=lambda x: (x[0], _shape(x[1]), x[1].stages, x[1].split_k))][:k]
 
     def _top_tilings(self, j: int) -> list[StageTiles]:
         best = self.fastest(j, TOP_PER_STAGE)
-        if all(t.cluster > 1 for t in best):  # clusters rule out ticket dispatch and the fused launch
-            best += self.fastest(j, 1, clustered=False)
+        if not any(_plain(t) for t in best):  # clusters and persistent blocks rule out sync choices
+            best += self.fastest(j, 1, plain=True)
         return best
 
     def _alone_us(self, j: int, t: StageTiles) -> float | None:
