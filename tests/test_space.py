@@ -92,8 +92,9 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
                     or threads > max_threads or wgn // 2 > max_regs
                     # registers come per warpgroup: 65536 over the threads rounded up to 128, less 56 others
                     or wgn // 2 + 56 > (232 if shift else 65536 // (-(-threads // 128) * 128))
+                    # a persistent tile parks its output (halves, rows padded by 8) beside the ring
                     or t.stages * (t.bm + t.bn) * 2 * t.bk + 1024 + 16 * t.stages * (t.mma == "wgmma_tma")
-                    > dev.smem_per_block
+                    + t.persist * t.bm * (t.bn // st.fold + 8) * 2 * (t.bn // st.fold % 8 == 0) > dev.smem_per_block
                     or t.bm > max(64, m_cap) or t.bn > n_cap or t.split_k > kc):  # splits share the chunks evenly
                 return False
             continue

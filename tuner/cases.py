@@ -125,8 +125,7 @@ def persistent(chain: Chain, sms: int) -> list[Config]:
     rows), a 2x1 cluster where the tile grid divides and the two-warpgroup
     tile that moves registers where the chain is wide enough. A stage with no more tiles than
     ``sms`` keeps one tile per block. Empty for chains of other stage kinds."""
-    from .space import persistence  # noqa: PLC0415 - the space imports the cases' modules
-    from .space import Limits
+    from .space import STAGE_CONSTRAINTS, Limits  # noqa: PLC0415 - the space imports the cases' modules
 
     if any(st.kind != "gemm" for st in chain.stages):
         return []
@@ -139,13 +138,15 @@ def persistent(chain: Chain, sms: int) -> list[Config]:
         if variant == 1 and chain.stages[0].m >= 160:  # rows parked in slices of 64, the last one partial
             tiles = [replace(t, bm=160) for t in tiles]
         if variant == 3:
-            tiles = [StageTiles(128, 256, 64, 2, 1, 4, 1, "wgmma_tma") for _ in chain.stages]
+            # three slots: four and the output parked beside them pass the shared memory
+            tiles = [StageTiles(128, 256, 64, 2, 1, 3, 1, "wgmma_tma") for _ in chain.stages]
         chosen = []
         for st, t in zip(chain.stages, tiles):
             t = replace(t, persist=1)
             if variant == 2 and StageGrid(st, t).mt % 2 == 0:
                 t = replace(t, cm=2)
-            chosen.append(t if persistence(StageGrid(st, t), Limits(), dev) is None else replace(t, persist=0))
+            ok = all(fn(StageGrid(st, t), Limits(), dev) is None for _, fn in STAGE_CONSTRAINTS)
+            chosen.append(t if ok else replace(t, persist=0))
         if any(t.persistent for t in chosen):
             out.append(Config(tuple(chosen), p, o, d, l))
     return out

@@ -156,11 +156,13 @@ STAGED_EPILOGUE = True
 
 
 def staged_epilogue(tl: StageTiles, out_cols: int) -> bool:
-    """Whether a tile's output (``out_cols`` wide, padded rows of 16-byte pieces) fits in its ring,
-    which is free after the mainloop: not so in a persistent block, whose ring holds the next tile's
-    slabs by then (its tile stores straight from registers)."""
-    return (STAGED_EPILOGUE and not tl.persistent and out_cols % 8 == 0
-            and tl.bm * (out_cols + 8) * 2 <= tl.ring_bytes())
+    """Whether a tile's output (``out_cols`` wide, padded rows of 16-byte pieces) goes through
+    shared memory: the ring, free after the mainloop, where it fits; for a persistent block, whose
+    ring holds the next tile's slabs by then, room of its own beside the ring
+    (:meth:`StageTiles.persistent_epilogue_bytes`)."""
+    if tl.persistent:
+        return tl.persistent_epilogue_bytes(out_cols) > 0
+    return STAGED_EPILOGUE and out_cols % 8 == 0 and tl.bm * (out_cols + 8) * 2 <= tl.ring_bytes()
 
 
 def _after_mainloop(tl: StageTiles) -> dict[str, str]:

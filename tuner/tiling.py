@@ -154,25 +154,29 @@ class StageTiles:
         and stores its epilogue with no copy in flight."""
         return bool(self.persist)
 
-    def smem_bytes(self) -> int:
+    def smem_bytes(self, out_cols: int | None = None) -> int:
         """Shared memory of a block: the ring, plus for wgmma 1 KiB of alignment slack and, when the
-        TMA fills the ring, two 8-byte mbarriers (full, empty) per slot; a persistent transposed
-        tile adds the slice its epilogue parks rows in (the ring is busy with the next tile)."""
+        TMA fills the ring, two 8-byte mbarriers (full, empty) per slot; a persistent tile adds what
+        its epilogue parks its output in (the ring is busy with the next tile by then), for
+        ``out_cols`` stored columns (default BN)."""
         if self.warpgroup:
-            return self.ring_bytes() + 1024 + (16 * self.stages if self.tma else 0) + self.epilogue_slice_bytes()
+            return (self.ring_bytes() + 1024 + (16 * self.stages if self.tma else 0)
+                    + self.persistent_epilogue_bytes(self.bn if out_cols is None else out_cols))
         return self.ring_bytes()
 
     # Rows of a transposed tile that a persistent block parks at a time for its epilogue.
     SLICE_ROWS = 64
 
-    def epilogue_slice_bytes(self) -> int:
-        """Shared memory a persistent transposed tile parks its epilogue in, beside its ring: fp32
-        rows of :attr:`transposed_pitch`, :data:`SLICE_ROWS` (or BM, if fewer) at a time. Other
-        tiles park nothing: a persistent tile that is not transposed stores straight from its
-        registers."""
-        if not (self.persistent and self.transposed):
+    def persistent_epilogue_bytes(self, out_cols: int) -> int:
+        """Shared memory beside the ring that a persistent tile parks its output in: a transposed
+        tile's fp32 rows of :attr:`transposed_pitch`, :data:`SLICE_ROWS` (or BM, if fewer) at a
+        time; any other tile's whole output as halves, ``out_cols`` wide and padded by 8, when
+        it stores 16-byte pieces (else it stores from its registers and parks nothing)."""
+        if not self.persistent:
             return 0
-        return min(self.bm, self.SLICE_ROWS) * self.transposed_pitch * 4
+        if self.transposed:
+            return min(self.bm, self.SLICE_ROWS) * self.transposed_pitch * 4
+        return self.bm * (out_cols + 8) * 2 if out_cols % 8 == 0 else 0
 
     @property
     def transposed_pitch(self) -> int:

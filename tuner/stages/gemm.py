@@ -76,8 +76,9 @@ def tiling_problem(grid: "StageGrid") -> str | None:
 
 
 def smem_bytes(grid: "StageGrid") -> int:
-    """Shared memory of a block: the tiling's ring of A and B slabs."""
-    return grid.tiles.smem_bytes()
+    """Shared memory of a block: the tiling's ring of A and B slabs (and, for persistent blocks, the
+    epilogue's output, whose stored width the stage's epilogue sets)."""
+    return grid.tiles.smem_bytes(grid.tiles.bn // grid.stage.fold)
 
 
 def partial_floats(grid: "StageGrid") -> int:
