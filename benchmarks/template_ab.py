@@ -75,7 +75,7 @@ def tile_variant(chain, config, change: str, device) -> "Config | None":
     from dataclasses import replace
 
     from tuner.config import TILE_FIELDS
-    from tuner.space import STAGE_CONSTRAINTS, Limits, persistent_launch
+    from tuner.space import Limits, persistent_launch, stage_problem
     from tuner.tiling import StageGrid, tile_value
 
     field, _, value = change.partition("=")
@@ -84,8 +84,7 @@ def tile_variant(chain, config, change: str, device) -> "Config | None":
     tiles = []
     for st, t in zip(chain.stages, config.tiles):
         new = replace(t, **{field: tile_value(field, value)})
-        ok = all(fn(StageGrid(st, new), Limits(), device) is None for _, fn in STAGE_CONSTRAINTS)
-        tiles.append(new if ok else t)
+        tiles.append(new if stage_problem(StageGrid(st, new), Limits(), device) is None else t)
     out = replace(config, tiles=tuple(tiles))
     if out == config or persistent_launch(out.dispatch, out.launch, out.grids(chain)):
         return None

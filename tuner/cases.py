@@ -125,7 +125,7 @@ def persistent(chain: Chain, sms: int) -> list[Config]:
     rows), a 2x1 cluster where the tile grid divides and the two-warpgroup
     tile that moves registers where the chain is wide enough. A stage with no more tiles than
     ``sms`` keeps one tile per block. Empty for chains of other stage kinds."""
-    from .space import STAGE_CONSTRAINTS, Limits  # noqa: PLC0415 - the space imports the cases' modules
+    from .space import Limits, stage_problem  # noqa: PLC0415 - the space imports the cases' modules
 
     if any(st.kind != "gemm" for st in chain.stages):
         return []
@@ -145,8 +145,7 @@ def persistent(chain: Chain, sms: int) -> list[Config]:
             t = replace(t, persist=1)
             if variant == 2 and StageGrid(st, t).mt % 2 == 0:
                 t = replace(t, cm=2)
-            ok = all(fn(StageGrid(st, t), Limits(), dev) is None for _, fn in STAGE_CONSTRAINTS)
-            chosen.append(t if ok else replace(t, persist=0))
+            chosen.append(t if stage_problem(StageGrid(st, t), Limits(), dev) is None else replace(t, persist=0))
         if any(t.persistent for t in chosen):
             out.append(Config(tuple(chosen), p, o, d, l))
     return out

@@ -190,7 +190,7 @@ def launched_blocks(g: StageGrid, sms: int) -> int:
     """The blocks a stage's kernel launches: one per tile (and split), or for a persistent stage one
     per SM in whole clusters, each looping over tiles (any count is correct; more than the device
     holds at once only queue)."""
-    return min(g.blocks, sms // g.tiles.cluster * g.tiles.cluster) if g.tiles.persistent else g.blocks
+    return min(g.blocks, g.tiles.resident_blocks(sms)) if g.tiles.persistent else g.blocks
 
 
 def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool = False,

@@ -28,9 +28,8 @@ import numpy as np
 from . import UsageError
 from .device import DeviceInfo
 from .config import GLOBAL_DEFAULTS, GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
-from .tiling import TILE_SWITCHES, TMA_MMAS
 from .expr import Expr
-from .tiling import CONSUMER_REGS, WG_OVERHEAD_REGS, even_share, next_pow2
+from .tiling import CONSUMER_REGS, TILE_SWITCHES, TMA_MMAS, WG_OVERHEAD_REGS, even_share, next_pow2
 from .prefetch import PREFETCHES, prefetch_allowed
 from .stages import kind_of
 from .sync import (DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, grid_env, launch_allowed, pair_env,
@@ -312,11 +311,6 @@ def cluster(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
     return None
 
 
-def resident_blocks(t: StageTiles, dev: DeviceInfo) -> int:
-    """The blocks a persistent stage launches: one per SM, in whole clusters."""
-    return dev.sms // t.cluster * t.cluster
-
-
 def persistence(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
     """Persistent blocks (``persist`` = 1) loop over the tiles of a TMA-fed stage, one split each,
     and only where there are more tiles than blocks resident at once: with fewer, each block runs
@@ -330,7 +324,7 @@ def persistence(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
         return f"persistent blocks carry a TMA ring from tile to tile; mma={t.mma} has none"
     if t.split_k > 1:
         return f"persistent blocks compute whole tiles, not split_k={t.split_k} partial ones"
-    if g.blocks <= resident_blocks(t, dev):
+    if g.blocks <= t.resident_blocks(dev.sms):
         return f"{g.blocks} tiles run one per block on the device's {dev.sms} SMs without persistence"
     return None
 
@@ -355,6 +349,15 @@ STAGE_CONSTRAINTS: tuple[tuple[str, StageConstraint], ...] = (
     ("persistence", persistence),
     ("stage_kind", stage_kind),
 )
+
+
+def stage_problem(g: StageGrid, lim: Limits, dev: DeviceInfo) -> tuple[str, str] | None:
+    """The first per-stage constraint ``g`` breaks, with why, or None."""
+    for name, fn in STAGE_CONSTRAINTS:
+        why = fn(g, lim, dev)
+        if why is not None:
+            return name, why
+    return None
 
 
 def launch_mode(policy: str, order: str, dispatch: str, launch: str) -> str | None:
@@ -603,11 +606,7 @@ class FeasibleSet:
     # -- construction helpers
 
     def _stage_reason(self, g: StageGrid) -> tuple[str, str] | None:
-        for name, fn in STAGE_CONSTRAINTS:
-            why = fn(g, self.space.limits, self.device)
-            if why is not None:
-                return name, why
-        return None
+        return stage_problem(g, self.space.limits, self.device)
 
     def _plan(self, combo: tuple[str, ...]) -> _Plan:
         policy, _order, dispatch, launch, _prefetch = combo

@@ -154,6 +154,11 @@ class StageTiles:
         and stores its epilogue with no copy in flight."""
         return bool(self.persist)
 
+    def resident_blocks(self, sms: int) -> int:
+        """Blocks of this tiling resident at once on ``sms`` SMs, one per SM in whole clusters: what
+        a persistent stage launches."""
+        return sms // self.cluster * self.cluster
+
     def smem_bytes(self, out_cols: int | None = None) -> int:
         """Shared memory of a block: the ring, plus for wgmma 1 KiB of alignment slack and, when the
         TMA fills the ring, two 8-byte mbarriers (full, empty) per slot; a persistent tile adds what
