@@ -322,6 +322,32 @@ __device__ __forceinline__ float* tma_epilogue_slice(half_t* smem_in) {
   return reinterpret_cast<float*>(smem + T::STAGES * (T::A_BYTES + T::B_BYTES) + 16 * T::STAGES);
 }
 
+// ---- Stores through the TMA: a persistent block's epilogue parks its output tile in shared memory
+// as the loads' boxes lie (64 halves a row, 16-byte chunk c of row r at c ^ (r % 8), box b of the
+// tile's columns BM rows apart), and one thread hands each box to the copy engine. The MMA warps
+// go on to the next tile at once; only the next epilogue waits for the engine to have read the
+// slice (wait_group.read), and a block's last tile before it leaves.
+
+// A 1024-aligned slice past the ring's barriers, in the room StageTiles.persistent_epilogue_bytes
+// gives (it pads every row by 16 bytes, which covers the alignment for BM >= 64).
+template <class T>
+__device__ __forceinline__ half_t* tma_store_slice(half_t* smem_in) {
+  unsigned char* slice = reinterpret_cast<unsigned char*>(tma_epilogue_slice<T>(smem_in));
+  return reinterpret_cast<half_t*>(((size_t)slice + 1023) & ~(size_t)1023);
+}
+// Where output element (r, c) of the tile lies in the parked slice (in halves).
+template <class T>
+__device__ __forceinline__ int tma_store_index(int r, int c) {
+  return (c / 64) * (T::BM * 64) + r * 64 + ((((c % 64) / 8) ^ (r % 8)) * 8) + c % 8;
+}
+__device__ __forceinline__ void tma_store_2d(const void* map, u32 src, int inner, int outer) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+               ::"l"(map), "r"(src), "r"(inner), "r"(outer) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// This thread's committed bulk stores have read their shared memory (the slice may be written again).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+
 // Whether this thread issues the copies: the producer warp's first lane.
 template <class T>
 __device__ __forceinline__ bool tma_issuer() { return threadIdx.x == T::MMA_THREADS; }

@@ -251,10 +251,27 @@ def test_a_persistent_transposed_tile_parks_its_epilogue_in_slices_beside_the_ri
 
 
 def test_a_persistent_tile_stages_its_epilogue_beside_the_ring_and_waits_before_parking_again():
-    chain = get_workload("llama").chain(tokens=2048)  # gemm1 folds gate and up: 64 stored columns of 128
-    t = StageTiles(128, 128, 64, 2, 1, 4, 1, "wgmma_tma", persist=1)
+    chain = get_workload("gpt3").chain(tokens=2048)  # 96 stored columns: no whole 64-column boxes
+    t = StageTiles(128, 96, 64, 2, 1, 4, 1, "wgmma_tma", persist=1)
     r = render(chain, Config((t, t), "stream", "row", "block", "serial"))
     assert r.source.count("reinterpret_cast<half_t*>(tma_epilogue_slice<T>(smem))") == 2
-    assert r.source.count("the next tile parks here again") == 2
+    assert r.source.count("the next tile parks here again") == 2 and "tma_store_2d(tmaps" not in r.source
     ring = t.ring_bytes() + 1024 + 16 * 4
-    assert [l.smem for l in r.launches] == [ring + 128 * (64 + 8) * 2, ring + 128 * (128 + 8) * 2]
+    assert [l.smem for l in r.launches] == [ring + 128 * (96 + 8) * 2] * 2
+
+
+def test_a_persistent_tile_of_whole_64_column_boxes_stores_its_epilogue_through_the_tma():
+    chain = get_workload("llama").chain(tokens=2048)  # gemm1 folds gate and up: 64 stored columns of 128
+    t = StageTiles(128, 128, 64, 2, 1, 4, 1, "wgmma_tma", persist=1)
+    r = render(chain, Config((t, replace(t, persist=0)), "stream", "row", "block", "serial"))
+    stage0, stage1 = r.source.split("// ---- stage 1")
+    # The output gets a descriptor of its own, written a box of BM rows by 64 columns at a time.
+    assert [(m.operand, m.rows, m.cols, m.box_rows) for m in r.tensor_maps] == [
+        ("x", 2048, 8192, 128), ("w0", 7168, 8192, 128), ("y0", 2048, 3584, 128),
+        ("y0", 2048, 3584, 128), ("w1", 8192, 3584, 128)]
+    assert stage0.count("tma_store_2d(tmaps + 32,") == 1 and "n0 / 2 + b * 64" in stage0
+    # Thread 0 waits for the engine to have read the slice before it is parked again, and the
+    # block's last tile before it leaves; the one-tile-a-block stage stores as before.
+    assert stage0.count("if (threadIdx.x == 0) bulk_wait_read();") == 2 and "tma_store_2d(" not in stage1
+    ring = t.ring_bytes() + 1024 + 16 * 4
+    assert [l.smem for l in r.launches] == [ring + 128 * (64 + 8) * 2, ring]

@@ -45,8 +45,8 @@ class Launch:
 
 @dataclass(frozen=True)
 class TensorMap:
-    """A TMA descriptor the kernels need: a row-major fp16 matrix, read in boxes of 64 columns
-    (one 128-byte swizzle atom) by ``box_rows`` rows. ``slot`` is its index in the kernels'
+    """A TMA descriptor the kernels need: a row-major fp16 matrix, read (or, for an output ``y<i>``,
+    written) in boxes of 64 columns (one 128-byte swizzle atom) by ``box_rows`` rows. ``slot`` is its index in the kernels'
     ``tmaps`` array (128 bytes each; slots are numbered from 0 without gaps); ``operand`` names
     the buffer: ``x``, ``w<i>`` or ``y<i>``."""
 
@@ -224,6 +224,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
                      wait=None, post=None, started=None, guard=None, ticket=None, ws_base=0, arrive_base=0, written_base=0,
                      run_counter=None, guard_counter=None)
         entry["staged"] = staged_epilogue(tl, entry["OW"])
+        entry["TMA_STORE"] = entry["staged"] and tl.stores_by_tma(entry["OW"], st.n_out)
         entry["tile_template"] = kind_of(st).TILE_TEMPLATE
         entry["consts"] = kind_of(st).template_constants(st)
         if tl.split_k > 1:
@@ -237,6 +238,9 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
             entry["tma_a"], entry["tma_b"] = 16 * len(maps), 16 * (len(maps) + 1)
             maps += [TensorMap(len(maps), a_name, st.m, st.k, a_rows(st.m, tl.bm)),
                      TensorMap(len(maps) + 1, f"w{i}", st.n, st.k, tl.bn)]
+        if entry["TMA_STORE"]:  # the output, stored a box of BM rows by 64 columns at a time
+            entry["tma_c"] = 16 * len(maps)
+            maps.append(TensorMap(len(maps), f"y{i}", st.m, st.n_out, tl.bm))
         if config.dispatch == "ticket" and config.launch != "fused":
             entry["ticket"] = words.take(1)
         elif device_epoch and config.launch != "fused":

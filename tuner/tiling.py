@@ -176,12 +176,22 @@ class StageTiles:
         """Shared memory beside the ring that a persistent tile parks its output in: a transposed
         tile's fp32 rows of :attr:`transposed_pitch`, :data:`SLICE_ROWS` (or BM, if fewer) at a
         time; any other tile's whole output as halves, ``out_cols`` wide and padded by 8, when
-        it stores 16-byte pieces (else it stores from its registers and parks nothing)."""
+        it stores 16-byte pieces (else it stores from its registers and parks nothing). Parked
+        for a TMA store (:meth:`stores_by_tma`), the rows are not padded but the slice starts at
+        the next 1024 bytes, which the padding's BM x 16 bytes cover."""
         if not self.persistent:
             return 0
         if self.transposed:
             return min(self.bm, self.SLICE_ROWS) * self.transposed_pitch * 4
         return self.bm * (out_cols + 8) * 2 if out_cols % 8 == 0 else 0
+
+    def stores_by_tma(self, out_cols: int, n_out: int) -> bool:
+        """Whether a persistent tile's epilogue leaves through the TMA: parked in the loads' box
+        layout (64-column boxes, 128-byte swizzle), then stored by the copy engine while the MMA
+        warps go on to the next tile. A transposed tile parks fp32 slices instead; the boxes need
+        ``out_cols`` (the tile's stored columns) in whole boxes and an output row pitch
+        (``n_out`` halves) of whole 16 bytes."""
+        return self.persistent and not self.transposed and out_cols % 64 == 0 and n_out % 8 == 0
 
     @property
     def transposed_pitch(self) -> int:
