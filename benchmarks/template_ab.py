@@ -108,13 +108,18 @@ def main() -> int:
     for rec in targets:
         chain = chain_from_label(rec.label)
         timers, failed = {}, {}
-        for name, root in homes.items():
-            os.environ["TUNER_HOME"] = str(root)  # the renderer reads its templates from here
-            runner, why = gpu.ready(chain, rec.config, args.graphs)
+
+        def ready(name: str, cfg) -> None:
+            """Renders, compiles and verifies ``cfg`` as source ``name``: its timer, or why it failed."""
+            runner, why = gpu.ready(chain, cfg, args.graphs)
             if why:
                 failed[name] = why
             else:
                 timers[name] = runner.time_graphs if args.graphs else runner.time
+
+        for name, root in homes.items():
+            os.environ["TUNER_HOME"] = str(root)  # the renderer reads its templates from here
+            ready(name, rec.config)
         os.environ["TUNER_HOME"] = str(homes["this checkout"])
         names = list(homes)
         for change in args.also:
@@ -123,11 +128,7 @@ def main() -> int:
                 continue
             name = f"{change}: {cfg.short()}"
             names.append(name)
-            runner, why = gpu.ready(chain, cfg, args.graphs)
-            if why:
-                failed[name] = why
-            else:
-                timers[name] = runner.time_graphs if args.graphs else runner.time
+            ready(name, cfg)
         got = gpu.time_rounds(chain, [], args.rounds, extra=timers)
         print(f"{rec.label}: {rec.config.short()} (recorded {rec.measurement.median_us:.1f} us)")
         base = median(got["this checkout"]) if "this checkout" in got else None

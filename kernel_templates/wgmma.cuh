@@ -288,12 +288,21 @@ struct TileTMAT : TmaFeed<BM_, BN_, BK_, A_ROWS_, CM_, CN_, WN_ * 128, PRODUCER_
 };
 
 // The ring in shared memory (aligned to 1024 bytes for the swizzle): A and B slabs, then a full
-// and an empty mbarrier per slot.
+// and an empty mbarrier per slot; a persistent block parks its epilogue past them (epilogue()).
 template <class T>
 struct TmaRing {
   u32 sA, sB, full, empty;
+  // The ring's start in the block's dynamic shared memory `smem_in`: its next 1024-byte boundary.
+  static __device__ __forceinline__ unsigned char* base(half_t* smem_in) {
+    return reinterpret_cast<unsigned char*>(((size_t)smem_in + 1023) & ~(size_t)1023);
+  }
+  // Past the barriers: where a persistent block parks its epilogue (the ring holds the next tile's
+  // slabs by then).
+  static __device__ __forceinline__ float* epilogue(half_t* smem_in) {
+    return reinterpret_cast<float*>(base(smem_in) + T::STAGES * (T::A_BYTES + T::B_BYTES) + 16 * T::STAGES);
+  }
   __device__ explicit TmaRing(half_t* smem_in) {
-    const unsigned char* smem = reinterpret_cast<unsigned char*>(((size_t)smem_in + 1023) & ~(size_t)1023);
+    const unsigned char* smem = base(smem_in);
     sA = smem_u32(smem);
     sB = sA + T::STAGES * T::A_BYTES;
     full = sB + T::STAGES * T::B_BYTES;
@@ -314,14 +323,6 @@ struct TmaRing {
   }
 };
 
-// Past the ring's barriers: where a persistent block parks its epilogue (the ring holds the next
-// tile's slabs by then).
-template <class T>
-__device__ __forceinline__ float* tma_epilogue_slice(half_t* smem_in) {
-  unsigned char* smem = reinterpret_cast<unsigned char*>(((size_t)smem_in + 1023) & ~(size_t)1023);
-  return reinterpret_cast<float*>(smem + T::STAGES * (T::A_BYTES + T::B_BYTES) + 16 * T::STAGES);
-}
-
 // ---- Stores through the TMA: a persistent block's epilogue parks its output tile in shared memory
 // as the loads' boxes lie (64 halves a row, 16-byte chunk c of row r at c ^ (r % 8), box b of the
 // tile's columns BM rows apart), and one thread hands each box to the copy engine. The MMA warps
@@ -332,7 +333,7 @@ __device__ __forceinline__ float* tma_epilogue_slice(half_t* smem_in) {
 // gives (it pads every row by 16 bytes, which covers the alignment for BM >= 64).
 template <class T>
 __device__ __forceinline__ half_t* tma_store_slice(half_t* smem_in) {
-  unsigned char* slice = reinterpret_cast<unsigned char*>(tma_epilogue_slice<T>(smem_in));
+  unsigned char* slice = reinterpret_cast<unsigned char*>(TmaRing<T>::epilogue(smem_in));
   return reinterpret_cast<half_t*>(((size_t)slice + 1023) & ~(size_t)1023);
 }
 // Where output element (r, c) of the tile lies in the parked slice (in halves).
@@ -351,6 +352,17 @@ __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.w
 // Whether this thread issues the copies: the producer warp's first lane.
 template <class T>
 __device__ __forceinline__ bool tma_issuer() { return threadIdx.x == T::MMA_THREADS; }
+
+// Where the tile moves registers (T::REALLOC, setmaxnreg): the producer warpgroup gives its
+// registers up to PRODUCER_REGS, the MMA warpgroups take CONSUMER_REGS; nothing otherwise.
+template <class T>
+__device__ __forceinline__ void producer_regs() {
+  if constexpr (T::REALLOC) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(T::PRODUCER_REGS));
+}
+template <class T>
+__device__ __forceinline__ void consumer_regs() {
+  if constexpr (T::REALLOC) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(T::CONSUMER_REGS));
+}
 
 // The producer warp's first thread (tma_issuer) issues every copy of one tile. `done`: the chunks
 // this block's ring has taken before the tile (0 for a block's first tile; a persistent block
@@ -411,7 +423,7 @@ __device__ __forceinline__ void tma_produce_tile(const TmaRing<T>& r, const void
 template <class T, bool B_ONCE, class WaitOne>
 __device__ __forceinline__ void tma_produce(const TmaRing<T>& r, const void* mapA, const void* mapB, int m0, int n0,
                                             int kc_begin, int kc_end, u32* err, WaitOne wait_one) {
-  if constexpr (T::REALLOC) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(T::PRODUCER_REGS));
+  producer_regs<T>();
   if (tma_issuer<T>()) tma_produce_tile<T, B_ONCE>(r, mapA, mapB, m0, n0, kc_begin, kc_end, err, wait_one);
 }
 
@@ -483,7 +495,7 @@ __device__ __forceinline__ void tma_consume_tile(float (&acc)[T::MI][T::NI][4], 
 template <class T>
 __device__ __forceinline__ void tma_consume(float (&acc)[T::MI][T::NI][4], const TmaRing<T>& r, int kc_begin,
                                             int kc_end, u32* err) {
-  if constexpr (T::REALLOC) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(T::CONSUMER_REGS));
+  consumer_regs<T>();
   RingPos pos;
   tma_consume_tile<T>(acc, r, kc_begin, kc_end, err, pos);
 }

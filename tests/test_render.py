@@ -245,8 +245,8 @@ def test_a_persistent_transposed_tile_parks_its_epilogue_in_slices_beside_the_ri
     cfg = Config((replace(t, persist=1), t), "stream", "row", "block", "serial")
     r = render(chain, cfg)
     stage0, stage1 = r.source.split("// ---- stage 1")
-    assert "SR = 64" in stage0 and "tma_epilogue_slice<T>(smem)" in stage0
-    assert "SR = 160" in stage1 and "tma_epilogue_slice" not in stage1
+    assert "SR = 64" in stage0 and "TmaRing<T>::epilogue(smem)" in stage0
+    assert "SR = 160" in stage1 and "TmaRing<T>::epilogue" not in stage1
     assert [l.smem for l in r.launches] == [t.smem_bytes() + 64 * 132 * 4, t.smem_bytes()]
 
 
@@ -254,7 +254,7 @@ def test_a_persistent_tile_stages_its_epilogue_beside_the_ring_and_waits_before_
     chain = get_workload("gpt3").chain(tokens=2048)  # 96 stored columns: no whole 64-column boxes
     t = StageTiles(128, 96, 64, 2, 1, 4, 1, "wgmma_tma", persist=1)
     r = render(chain, Config((t, t), "stream", "row", "block", "serial"))
-    assert r.source.count("reinterpret_cast<half_t*>(tma_epilogue_slice<T>(smem))") == 2
+    assert r.source.count("reinterpret_cast<half_t*>(TmaRing<T>::epilogue(smem))") == 2
     assert r.source.count("the next tile parks here again") == 2 and "tma_store_2d(tmaps" not in r.source
     ring = t.ring_bytes() + 1024 + 16 * 4
     assert [l.smem for l in r.launches] == [ring + 128 * (96 + 8) * 2] * 2

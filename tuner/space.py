@@ -29,7 +29,7 @@ from . import UsageError
 from .device import DeviceInfo
 from .config import GLOBAL_DEFAULTS, GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
 from .expr import Expr
-from .tiling import CONSUMER_REGS, TILE_SWITCHES, TMA_MMAS, WG_OVERHEAD_REGS, even_share, next_pow2
+from .tiling import CONSUMER_REGS, TILE_SWITCHES, WG_OVERHEAD_REGS, even_share, may_persist, next_pow2
 from .prefetch import PREFETCHES, prefetch_allowed
 from .stages import kind_of
 from .sync import (DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, grid_env, launch_allowed, pair_env,
@@ -320,9 +320,9 @@ def persistence(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
         return f"persist={t.persist} is not 0 or 1"
     if not t.persistent:
         return None
-    if not t.tma:
-        return f"persistent blocks carry a TMA ring from tile to tile; mma={t.mma} has none"
-    if t.split_k > 1:
+    if not may_persist(t.mma, t.split_k):
+        if not t.tma:
+            return f"persistent blocks carry a TMA ring from tile to tile; mma={t.mma} has none"
         return f"persistent blocks compute whole tiles, not split_k={t.split_k} partial ones"
     if g.blocks <= t.resident_blocks(dev.sms):
         return f"{g.blocks} tiles run one per block on the device's {dev.sms} SMs without persistence"
@@ -575,14 +575,14 @@ class FeasibleSet:
             ok: list[StageGrid] = []
             rejected: dict[str, int] = {}
             # persist is the last field: each tiling is tried without, then with persistent blocks,
-            # which only a TMA-fed tile of one split may have (persistence), so the others are not
-            # built twice (that doubled the enumeration's time).
+            # which only a TMA-fed tile of one split may have (may_persist, as persistence asks), so
+            # the others are not built twice (that doubled the enumeration's time).
             *rest, last = TILE_FIELDS
             assert last == "persist"
             for values in itertools.product(*(dom[f] for f in rest)):
                 base = dict(zip(rest, values))
                 for persist in dom["persist"]:
-                    if persist and not (base["mma"] in TMA_MMAS and base["split_k"] == 1):
+                    if persist and not may_persist(base["mma"], base["split_k"]):
                         why = ("persistence", "")
                     else:
                         g = StageGrid(stage, StageTiles(**base, persist=persist))

@@ -51,6 +51,14 @@ def even_share(threads: int) -> int:
     return REGISTERS // (-(-threads // 128) * 128) // 8 * 8
 
 
+def may_persist(mma: str, split_k: int) -> bool:
+    """Whether a tiling of this MMA and split count may run persistent blocks, as far as its own
+    fields go: a TMA-fed tile (the ring carries from tile to tile) of one split (a block computes
+    whole tiles). Whether its stage has more tiles than blocks resident at once is the stage's
+    question (:func:`tuner.space.persistence`)."""
+    return mma in TMA_MMAS and split_k == 1
+
+
 def tile_value(field: str, value: Any) -> Any:
     """A tile field's value in its own type (choices are names, the rest counts)."""
     if value is None:
@@ -147,7 +155,8 @@ class StageTiles:
 
     @property
     def persistent(self) -> bool:
-        """Whether the stage runs persistent blocks (``persist`` = 1, TMA-fed tiles): as many blocks
+        """Whether the stage runs persistent blocks (``persist`` = 1, TMA-fed tiles of one split,
+        :func:`may_persist`): as many blocks
         as the device holds at once, each looping over tiles with its ring carried from one tile to
         the next, so the producer fills the ring for the next tile while the MMA warps store this
         one's epilogue. Without it every tile is a block of its own, which fills its ring from empty
