@@ -93,7 +93,9 @@ def tile_variant(chain, config, change: str, device) -> "Config | None":
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("variants", nargs="*", help="folders each holding a kernel_templates/ to compare (none: this checkout and its --also changes alone)")
+    ap.add_argument("variants", nargs="*",
+                    help="folders each holding a kernel_templates/ to compare (none: this checkout and its --also "
+                         "changes alone)")
     config_arguments(ap)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     ap.add_argument("--graphs", action="store_true", help="time from CUDA graphs, as bench --graphs does")
