@@ -46,9 +46,9 @@ class Launch:
 @dataclass(frozen=True)
 class TensorMap:
     """A TMA descriptor the kernels need: a row-major fp16 matrix, read (or, for an output ``y<i>``,
-    written) in boxes of 64 columns (one 128-byte swizzle atom) by ``box_rows`` rows. ``slot`` is its index in the kernels'
-    ``tmaps`` array (128 bytes each; slots are numbered from 0 without gaps); ``operand`` names
-    the buffer: ``x``, ``w<i>`` or ``y<i>``."""
+    written) in boxes of 64 columns (one 128-byte swizzle atom) by ``box_rows`` rows. ``slot`` is
+    its index in the kernels' ``tmaps`` array (128 bytes each; slots are numbered from 0 without
+    gaps); ``operand`` names the buffer: ``x``, ``w<i>`` or ``y<i>``."""
 
     slot: int
     operand: str

@@ -156,10 +156,9 @@ class StageTiles:
     @property
     def persistent(self) -> bool:
         """Whether the stage runs persistent blocks (``persist`` = 1, TMA-fed tiles of one split,
-        :func:`may_persist`): as many blocks
-        as the device holds at once, each looping over tiles with its ring carried from one tile to
-        the next, so the producer fills the ring for the next tile while the MMA warps store this
-        one's epilogue. Without it every tile is a block of its own, which fills its ring from empty
+        :func:`may_persist`): as many blocks as the device holds at once, each looping over tiles
+        with its ring carried from one tile to the next, so the producer fills the ring for the
+        next tile while the MMA warps store this one's epilogue. Without it every tile is a block of its own, which fills its ring from empty
         and stores its epilogue with no copy in flight."""
         return bool(self.persist)
 
