@@ -18,6 +18,12 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 // cp.async writes through the generic proxy; wgmma reads through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+// The next 1024-byte boundary at or after `p`: where a 128-byte-swizzled slab must start, so that
+// the swizzle's row phase (address bits 7-9) is the row's index within its 8-row group.
+__device__ __forceinline__ unsigned char* align_1024(void* p) {
+  return reinterpret_cast<unsigned char*>(((size_t)p + 1023) & ~(size_t)1023);
+}
+
 // Shared-memory matrix descriptor: start address, stride of 1024 bytes between 8-row
 // groups, 128-byte swizzle. The leading-dimension offset is unused for swizzled K-major.
 __device__ __forceinline__ u64 wgmma_desc(u32 saddr) {
@@ -95,7 +101,7 @@ __device__ __forceinline__ void mainloop_wg(float (&acc)[T::MI][T::NI][4], const
   const RowMajor Bv{B, K};
   const auto rowsA = slab_rows<T, T::BM>(A, M, m0);
   const auto rowsB = slab_rows<T, T::BN>(Bv, N, n0);
-  unsigned char* smem = reinterpret_cast<unsigned char*>(((size_t)smem_in + 1023) & ~(size_t)1023);
+  unsigned char* smem = align_1024(smem_in);
   unsigned char* sA = smem;
   unsigned char* sB = smem + T::STAGES * T::A_BYTES;
   const int wg = warpgroup_index();
@@ -294,7 +300,7 @@ struct TmaRing {
   u32 sA, sB, full, empty;
   // The ring's start in the block's dynamic shared memory `smem_in`: its next 1024-byte boundary.
   static __device__ __forceinline__ unsigned char* base(half_t* smem_in) {
-    return reinterpret_cast<unsigned char*>(((size_t)smem_in + 1023) & ~(size_t)1023);
+    return align_1024(smem_in);
   }
   // Past the barriers: where a persistent block parks its epilogue (the ring holds the next tile's
   // slabs by then).
@@ -333,8 +339,7 @@ struct TmaRing {
 // gives (it pads every row by 16 bytes, which covers the alignment for BM >= 64).
 template <class T>
 __device__ __forceinline__ half_t* tma_store_slice(half_t* smem_in) {
-  unsigned char* slice = reinterpret_cast<unsigned char*>(TmaRing<T>::epilogue(smem_in));
-  return reinterpret_cast<half_t*>(((size_t)slice + 1023) & ~(size_t)1023);
+  return reinterpret_cast<half_t*>(align_1024(TmaRing<T>::epilogue(smem_in)));
 }
 // Where output element (r, c) of the tile lies in the parked slice (in halves).
 template <class T>

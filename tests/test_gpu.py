@@ -225,7 +225,10 @@ def test_the_runtime_runs_a_bundle_entry_from_cupy_and_torch_inside_and_outside_
     assert rel_error(cp.asarray(rt(tx[:7].contiguous(), *tw)), ref[:7]) < VERIFY_TOL  # padded to the entry
 
 
-def test_the_cpp_example_runs_a_bundle_entry_and_checks_it(backend, tmp_path):
+@pytest.mark.parametrize("kind", ["tile-sync", "persistent"])
+def test_the_cpp_example_runs_a_bundle_entry_and_checks_it(backend, tmp_path, kind):
+    """The C++ launcher runs an entry; a persistent one exported for a device of 8 SMs runs on this
+    one's SMs (its grid sized at load)."""
     import shutil
     import subprocess
 
@@ -236,8 +239,13 @@ def test_the_cpp_example_runs_a_bundle_entry_and_checks_it(backend, tmp_path):
     if nvcc is None:
         pytest.skip("nvcc is not on PATH")
     chain = get_workload("gpt3").chain(**ODD)
-    cfg = next(c for c in coverage(chain, "wgmma_tma") if c.policy == "tile" and c.launch == "fused")
-    entry = write_entry(tmp_path / "entry", chain, cfg, backend.device_info().to_dict())
+    device = backend.device_info().to_dict()
+    if kind == "persistent":
+        cfg = persistent(chain, sms=8)[0]
+        device["sms"] = 8
+    else:
+        cfg = next(c for c in coverage(chain, "wgmma_tma") if c.policy == "tile" and c.launch == "fused")
+    entry = write_entry(tmp_path / "entry", chain, cfg, device)
     cpp = home() / "tuner" / "cpp"
     exe = tmp_path / "example"
     build = subprocess.run([nvcc, "-O2", "-std=c++17", *(str(cpp / f) for f in CPP_FILES if f.endswith(".cpp")),

@@ -9,7 +9,7 @@ from tuner.backends.base import DeviceInfo
 from tuner.cases import clustered, coverage
 from tuner.config import Config, StageTiles
 from tuner.paths import home
-from tuner.render import render
+from tuner.render import device_grid, render
 from tuner.workloads import get_workload
 
 CHAIN = get_workload("gpt3").chain(tokens=64)
@@ -231,11 +231,16 @@ def test_a_persistent_stage_launches_one_block_per_sm_in_whole_clusters_and_loop
     r = render(chain, cfg, device_epoch=True, sms=132)
     assert [(l.kernel, l.grid) for l in r.launches] == [("stage0_kernel", 132), ("stage1_kernel", 132)]
     assert [l.grid for l in render(chain, cfg, sms=9).launches] == [9, 8]  # clusters of 2 blocks
+    # The launches say so, for a bundle run on a device of other SMs: its grid is sized there.
+    assert [(l.persistent_tiles, l.cluster) for l in r.launches] == [(768, 1), (1536, 2)]
+    assert [device_grid(l, 114) for l in r.launches] == [114, 114] and device_grid(r.launches[1], 9) == 8
+    assert [device_grid(l, 10_000) for l in r.launches] == [768, 1536]
     assert r.source.count("tile += gridDim.x") == 4  # each stage's producer and MMA warps
     assert r.source.count("tuner_run(state + ") == 2 and "gridDim.x, &run_ticket" in r.source
     # Only the persistent tile carries its ring on and hands its last slot back.
     one = render(chain, replace(cfg, tiles=(plain, plain)), sms=132)
     assert [l.grid for l in one.launches] == [768, 1536] and "gridDim.x" not in one.source
+    assert [device_grid(l, 114) for l in one.launches] == [768, 1536]  # one block a tile, on any device
     assert "tma_consume_tile<T, true>" in r.source and "tma_consume_tile<T, true>" not in one.source
 
 

@@ -18,7 +18,7 @@ import jinja2
 from .device import DeviceInfo
 from .config import Config, StageGrid, StageTiles
 from .expr import Expr
-from .tiling import CONSUMER_REGS, PRODUCER_REGS, SPLIT_BEGIN
+from .tiling import CONSUMER_REGS, PRODUCER_REGS, SPLIT_BEGIN, whole_clusters
 from .epilogues import get_epilogue
 from .stages import kind_of
 from .paths import templates_dir
@@ -41,6 +41,17 @@ class Launch:
     smem: int
     stream: int  # 0 or 1
     pdl: bool = False  # a programmatic dependent launch (the pdl launch mode, every stage after the first)
+    persistent_tiles: int = 0  # a persistent stage's tiles: its grid follows the device that runs it (device_grid)
+    cluster: int = 1  # blocks of a thread-block cluster (a persistent grid holds whole clusters)
+
+
+def device_grid(launch: Launch, sms: int) -> int:
+    """The blocks ``launch`` starts on a device of ``sms`` SMs: its grid, or for a persistent stage
+    one block per SM in whole clusters, no more than its tiles (as :func:`launched_blocks` sized it
+    for the device it was rendered for). The C++ launcher (``cpp/tuner_chain.cpp``) does the same."""
+    if not launch.persistent_tiles:
+        return launch.grid
+    return min(launch.persistent_tiles, whole_clusters(sms, launch.cluster))
 
 
 @dataclass(frozen=True)
@@ -287,7 +298,8 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
             if stages[i]["guard"] is not None:
                 out.append(Launch(f"guard{i}_kernel", 1, 32, 0, stream))
             out.append(Launch(f"stage{i}_kernel", launched_blocks(g, sms), g.tiles.threads, _smem(g), stream,
-                              pdl=config.launch == "pdl" and i > 0))
+                              pdl=config.launch == "pdl" and i > 0,
+                              persistent_tiles=g.blocks if g.tiles.persistent else 0, cluster=g.tiles.cluster))
         launches = tuple(out)
     digest = hashlib.sha256(source.encode()).hexdigest()
     return Rendered(source, digest, launches, max(words.n, 1), max(ws, 1), err_word, tuple(maps), device_epoch)

@@ -18,7 +18,7 @@ CUDA graph's outputs): the next call with the same entry overwrites it, so copy 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -133,12 +133,14 @@ class TunedChain:
         import cupy as cp  # noqa: PLC0415 - a GPU host
 
         from .backends.gpu import load_functions  # noqa: PLC0415
-        from .render import Launch  # noqa: PLC0415
+        from .render import Launch, device_grid  # noqa: PLC0415
 
         self.folder = folder
         self.entry = json.loads((folder / "manifest.json").read_text())
         self.module = cp.RawModule(path=str(folder / self.entry["files"]["cubin"]))
-        self.launches = [Launch(**l) for l in self.entry["launches"]]
+        # A persistent stage's grid follows this device's SMs, not those of the device it was tuned on.
+        sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["multiProcessorCount"]
+        self.launches = [replace(l, grid=device_grid(l, sms)) for l in (Launch(**d) for d in self.entry["launches"])]
         self.funcs = load_functions(self.module, self.launches)
         self.state = cp.zeros(self.entry["state_words"], dtype=cp.uint32)  # zeroed once, never reset
         self.ws = cp.empty(self.entry["ws_floats"], dtype=cp.float32)

@@ -51,6 +51,12 @@ def even_share(threads: int) -> int:
     return REGISTERS // (-(-threads // 128) * 128) // 8 * 8
 
 
+def whole_clusters(sms: int, cluster: int) -> int:
+    """One block per SM, in whole clusters of ``cluster`` blocks: the blocks of a persistent stage
+    resident at once on ``sms`` SMs."""
+    return sms // cluster * cluster
+
+
 def may_persist(mma: str, split_k: int) -> bool:
     """Whether a tiling of this MMA and split count may run persistent blocks, as far as its own
     fields go: a TMA-fed tile (the ring carries from tile to tile) of one split (a block computes
@@ -165,7 +171,7 @@ class StageTiles:
     def resident_blocks(self, sms: int) -> int:
         """Blocks of this tiling resident at once on ``sms`` SMs, one per SM in whole clusters: what
         a persistent stage launches."""
-        return sms // self.cluster * self.cluster
+        return whole_clusters(sms, self.cluster)
 
     def smem_bytes(self, out_cols: int | None = None) -> int:
         """Shared memory of a block: the ring, plus for wgmma 1 KiB of alignment slack and, when the

@@ -1,6 +1,7 @@
 // See tuner_chain.h.
 #include "tuner_chain.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -51,6 +52,15 @@ Chain::Chain(const std::string& folder) {
     } else if (key == "launch") {
       Launch l;
       f >> l.kernel >> l.grid >> l.threads >> l.smem >> l.stream >> l.pdl;
+      if (!f.fail()) {
+        unsigned tiles = 0, cluster = 1;
+        if (f >> tiles >> cluster) {
+          l.persistent_tiles = tiles;
+          l.cluster = cluster;
+        } else if (f.eof() && tiles == 0) {
+          f.clear();  // an entry exported before grids were sized at load: its grid as is
+        }
+      }
       launches_.push_back(l);
     } else if (key == "tensor_map") {
       TensorMapSpec m;
@@ -60,7 +70,13 @@ Chain::Chain(const std::string& folder) {
     if (!key.empty() && key[0] != '#' && f.fail()) throw std::runtime_error(folder + "/entry.txt: bad line: " + line);
   }
   check(cuModuleLoad(&module_, (folder + "/chain.cubin").c_str()), "cuModuleLoad(chain.cubin)");
+  CUdevice dev = 0;
+  int sms = 0;
+  check(cuCtxGetDevice(&dev), "cuCtxGetDevice");
+  check(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "cuDeviceGetAttribute(SMs)");
   for (Launch& l : launches_) {
+    // As tuner.render.device_grid: a persistent stage runs one block per SM of this device.
+    if (l.persistent_tiles) l.grid = std::min(l.persistent_tiles, (unsigned)sms / l.cluster * l.cluster);
     check(cuModuleGetFunction(&l.func, module_, l.kernel.c_str()), "cuModuleGetFunction");
     if (l.smem > 48 * 1024)
       check(cuFuncSetAttribute(l.func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)l.smem),
