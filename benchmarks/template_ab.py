@@ -1,7 +1,7 @@
 """A kernel change measured before it lands: recorded configs rendered from this checkout's
 kernel templates and from each variant's, verified, then timed side by side in interleaved rounds.
 
-    python benchmarks/template_ab.py VARIANT [VARIANT ...] --config RECORDING LABEL [RANK] [--config ...]
+    python benchmarks/template_ab.py [VARIANT ...] --config RECORDING LABEL [RANK] [--config ...] [--also F=V]
     # a variant is a folder holding a kernel_templates/ of its own, e.g. a copy with one change:
     cp -r kernel_templates /tmp/fence/ && $EDITOR /tmp/fence/kernel_templates/wgmma.cuh
     python benchmarks/template_ab.py /tmp/fence \\
@@ -93,7 +93,7 @@ def tile_variant(chain, config, change: str, device) -> "Config | None":
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("variants", nargs="+", help="folders each holding a kernel_templates/ to compare")
+    ap.add_argument("variants", nargs="*", help="folders each holding a kernel_templates/ to compare (none: this checkout and its --also changes alone)")
     config_arguments(ap)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     ap.add_argument("--graphs", action="store_true", help="time from CUDA graphs, as bench --graphs does")

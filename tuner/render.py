@@ -241,6 +241,12 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
         if entry["TMA_STORE"]:  # the output, stored a box of BM rows by 64 columns at a time
             entry["tma_c"] = 16 * len(maps)
             maps.append(TensorMap(len(maps), f"y{i}", st.m, st.n_out, tl.bm))
+        entry["STREAM_K"] = tl.stream_k
+        if tl.stream_k:  # per block of the grid: a tile's partial sums and the post that they are there
+            grid_blocks = launched_blocks(g, sms)
+            entry["sk_ws"] = ws
+            ws += grid_blocks * kind_of(st).partial_floats(g)
+            entry["sk_flags"] = words.take(grid_blocks)
         if config.dispatch == "ticket" and config.launch != "fused":
             entry["ticket"] = words.take(1)
         elif device_epoch and config.launch != "fused":
