@@ -39,8 +39,8 @@ def sources() -> dict[str, str]:
     rendered += [render(odd, c, device_epoch=True) for mma in cases.MMAS for c in coverage(odd, mma)]
     for workload, size in cases.REALLOC_CASES:
         rendered += [render(chain(workload, size), c) for c in reallocated(chain(workload, size))]
-        rendered += [render(chain(workload, size), c, device_epoch=graphs) for graphs in (False, True)
-                     for c in persistent(chain(workload, size), sms=8)]
+        rendered += [render(chain(workload, size), c, device_epoch=graphs, sms=blocks) for graphs in (False, True)
+                     for blocks, cfgs in cases.persistent_grids(chain(workload, size)) for c in cfgs]
     graphed = chain("gpt3", dict(tokens=64))  # a backend timing graphs
     rendered += [render(graphed, c, device_epoch=True) for c in coverage(graphed, "wgmma_tma")]
     for workload, size, mma in cases.CONV_CASES:

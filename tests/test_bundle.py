@@ -55,7 +55,7 @@ def test_the_bundle_holds_source_cubin_and_manifest_per_size(bundle):
         assert m["buffers"] == {"x": [e["size"]["tokens"], 12288], "w0": [6144, 12288], "y0": [e["size"]["tokens"], 6144],
                                 "w1": [12288, 6144], "y1": [e["size"]["tokens"], 12288]}
         assert m["replayed"] and m["arch"] == "sm_90a" and m["launches"]
-        assert all(set(l) == {"kernel", "grid", "threads", "smem", "stream", "pdl", "persistent_tiles", "cluster"}
+        assert all(set(l) == {"kernel", "grid", "threads", "smem", "stream", "pdl", "grid_cap", "cluster"}
                        for l in m["launches"])
 
 
@@ -104,9 +104,9 @@ def test_the_bundle_carries_the_cpp_launcher_and_entry_facts_it_reads(bundle):
         facts = (bundle / e["path"] / "entry.txt").read_text().splitlines()
         assert f"state_words {m['state_words']}" in facts and "epilogue gelu" in facts and "epilogue none" in facts
         assert [f.split()[1] for f in facts if f.startswith("launch ")] == [l["kernel"] for l in m["launches"]]
-        # kernel, grid, threads, shared memory, stream, pdl, a persistent stage's tiles, cluster
+        # kernel, grid, threads, shared memory, stream, pdl, a persistent stage's grid cap, cluster
         assert [f.split()[7:] for f in facts if f.startswith("launch ")] == [
-            [str(l["persistent_tiles"]), str(l["cluster"])] for l in m["launches"]]
+            [str(l["grid_cap"]), str(l["cluster"])] for l in m["launches"]]
 
 
 def test_the_cpp_launcher_and_example_compile_against_the_cuda_headers(bundle, tmp_path):

@@ -74,6 +74,13 @@ def test_a_backend_timing_graphs_verifies_and_times_every_launch_mode_from_graph
 REALLOC_CASES = [("gpt3", ODD), ("llama", dict(tokens=1000, hidden=1032, ffn=776))]
 
 
+def persistent_grids(chain):
+    """The grids the persistent-block tests run, each with its configs: every persistent config
+    on 8 blocks, and the stream-K configs that only 7 blocks allow."""
+    seven = [c for c in persistent(chain, sms=7) if any(t.stream_k for t in c.tiles)]
+    return [(8, persistent(chain, sms=8)), (7, seven)]
+
+
 @pytest.mark.parametrize("workload,size", REALLOC_CASES,
                          ids=lambda s: s if isinstance(s, str) else ",".join(f"{k}={v}" for k, v in s.items()))
 def test_tiles_that_move_registers_between_warpgroups_are_correct(backend, workload, size):
@@ -91,14 +98,16 @@ def test_persistent_blocks_looping_over_tiles_are_correct(workload, size, graphs
     from tuner.backends.gpu import GpuBackend
 
     chain = get_workload(workload).chain(**size)
-    cfgs = persistent(chain, sms=8)  # 8 blocks, each looping over 4 to 26 tiles
-    assert cfgs
-    b = GpuBackend(warmup=1, reps=3, graphs=graphs, persistent_blocks=8)
-    try:
-        failures = failures_of(b, chain, cfgs)
-        assert not failures, "\n".join(failures)
-    finally:
-        b.close()
+    # 8 blocks, each looping over 4 to 26 tiles; then 7, where the tile counts that fill whole waves
+    # of 8 leave a partial last wave, for the stream-K configs that 8 blocks cannot have.
+    for blocks, cfgs in persistent_grids(chain):
+        assert cfgs
+        b = GpuBackend(warmup=1, reps=3, graphs=graphs, persistent_blocks=blocks)
+        try:
+            failures = failures_of(b, chain, cfgs)
+            assert not failures, f"{blocks} blocks:\n" + "\n".join(failures)
+        finally:
+            b.close()
 
 
 @pytest.mark.parametrize("mma", MMAS)

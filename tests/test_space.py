@@ -49,11 +49,14 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
     shifts = []  # per stage: whether its tile moves registers from its producer (setmaxnreg)
     for st, t in zip(chain.stages, cfg.tiles):
         # persistent blocks: TMA-fed whole tiles, more of them than one block per SM in whole
-        # clusters, block dispatch in a stream-ordered launch
-        if t.persist not in (0, 1) or t.persist and (
-                t.mma not in ("wgmma_tma", "wgmma_tma_t") or t.split_k > 1
-                or -(-st.m // t.bm) * -(-st.n // t.bn) <= dev.sms // (t.cm * t.cn) * (t.cm * t.cn)
+        # clusters, block dispatch in a stream-ordered launch; stream-K (2) without a cluster, where
+        # the tiles leave the last wave partly empty
+        tiles, resident = -(-st.m // t.bm) * -(-st.n // t.bn), dev.sms // (t.cm * t.cn) * (t.cm * t.cn)
+        if t.persist not in (0, 1, 2) or t.persist and (
+                t.mma not in ("wgmma_tma", "wgmma_tma_t") or t.split_k > 1 or tiles <= resident
                 or cfg.dispatch != "block" or cfg.launch not in ("serial", "pdl")):
+            return False
+        if t.persist == 2 and (t.cm * t.cn > 1 or tiles % resident == 0):
             return False
         if t.cm * t.cn > 1 and (t.mma not in ("wgmma_tma", "wgmma_tma_t") or t.cm * t.cn > max_cluster or -(-st.m // t.bm) % t.cm
                                 or -(-st.n // t.bn) % t.cn or cfg.dispatch != "block" or cfg.launch == "fused"):
@@ -77,7 +80,7 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
                     or threads > max_threads or t.bm // 2 > max_regs
                     or t.bm // 2 + 56 > (232 if shift else 65536 // (-(-threads // 128) * 128))
                     or t.stages * (t.bm + t.bn) * 2 * t.bk + 1024 + 16 * t.stages
-                    + t.persist * min(t.bm, 64) * (t.bn + 4) * 4 > dev.smem_per_block
+                    + (t.persist > 0) * min(t.bm, 64) * (t.bn + 4) * 4 > dev.smem_per_block
                     or t.bm > max(8, -(-st.m // 8) * 8) or t.bn > n_cap or t.split_k > kc):
                 return False
             continue
@@ -94,7 +97,7 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
                     or wgn // 2 + 56 > (232 if shift else 65536 // (-(-threads // 128) * 128))
                     # a persistent tile parks its output (halves, rows padded by 8) beside the ring
                     or t.stages * (t.bm + t.bn) * 2 * t.bk + 1024 + 16 * t.stages * (t.mma == "wgmma_tma")
-                    + t.persist * t.bm * (t.bn // st.fold + 8) * 2 * (t.bn // st.fold % 8 == 0) > dev.smem_per_block
+                    + (t.persist > 0) * t.bm * (t.bn // st.fold + 8) * 2 * (t.bn // st.fold % 8 == 0) > dev.smem_per_block
                     or t.bm > max(64, m_cap) or t.bn > n_cap or t.split_k > kc):  # splits share the chunks evenly
                 return False
             continue
@@ -188,7 +191,7 @@ def test_exact_count_matches_brute_force_with_clusters():
 # Persistent blocks: TMA-fed whole tiles, more tiles than SMs, block dispatch in a stream-ordered launch.
 TINY_PE = {**TINY, "stage": {"bm": [64], "bn": [64, 128], "bk": [64], "wm": [1], "wn": [1, 2], "stages": [3],
                              "split_k": [1, 3], "mma": ["wgmma", "wgmma_tma", "wgmma_tma_t"], "cm": [1, 2],
-                             "persist": [0, 1]},
+                             "persist": [0, 1, 2]},
            "global": {**TINY["global"], "launch": ["serial", "pdl", "two_stream", "fused"], "prefetch": ["none"]},
            "limits": {"max_threads": 384, "max_tile_regs": 128, "max_cluster": 2}}
 
@@ -205,6 +208,9 @@ def test_exact_count_matches_brute_force_with_persistent_blocks():
     # 16 tiles outnumber 12 SMs, not 12 SMs' 6 clusters of 2 blocks... which hold 12 blocks: both persist
     assert any(t.persistent and t.cluster == 2 for c in persistent for t in c.tiles)
     assert not any(t.persistent and t.bn == 128 and i == 0 for c in persistent for i, t in enumerate(c.tiles))
+    # stream-K: 16 and 32 tiles leave a wave of 12 blocks partly empty; never in a cluster
+    assert any(t.stream_k for c in persistent for t in c.tiles)
+    assert not any(t.stream_k and t.cluster > 1 for c in persistent for t in c.tiles)
     blamed = {fs.contains(c).split(":")[0] for c in all_configs(TINY_PE) if c not in brute}
     assert {"persistence", "persistent_launch"} <= blamed
 

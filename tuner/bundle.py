@@ -83,7 +83,7 @@ def entry_text(doc: dict[str, Any], epilogues: list[str]) -> str:
     lines += [f"buffer {name} {rows} {cols}" for name, (rows, cols) in doc["buffers"].items()]
     lines += [f"epilogue {e}" for e in epilogues]
     lines += [f"launch {l['kernel']} {l['grid']} {l['threads']} {l['smem']} {l['stream']} {int(l.get('pdl', False))} "
-              f"{l.get('persistent_tiles', 0)} {l.get('cluster', 1)}" for l in doc["launches"]]
+              f"{l.get('grid_cap', 0)} {l.get('cluster', 1)}" for l in doc["launches"]]
     lines += [f"tensor_map {t['slot']} {t['operand']} {t['rows']} {t['cols']} {t['box_rows']}" for t in doc["tensor_maps"]]
     return "\n".join(lines) + "\n"
 

@@ -41,17 +41,19 @@ class Launch:
     smem: int
     stream: int  # 0 or 1
     pdl: bool = False  # a programmatic dependent launch (the pdl launch mode, every stage after the first)
-    persistent_tiles: int = 0  # a persistent stage's tiles: its grid follows the device that runs it (device_grid)
+    # A persistent stage's largest grid (its tiles; with stream-K, the blocks its workspace was laid
+    # out for): its grid follows the device that runs it (device_grid). 0: the grid is fixed.
+    grid_cap: int = 0
     cluster: int = 1  # blocks of a thread-block cluster (a persistent grid holds whole clusters)
 
 
 def device_grid(launch: Launch, sms: int) -> int:
     """The blocks ``launch`` starts on a device of ``sms`` SMs: its grid, or for a persistent stage
-    one block per SM in whole clusters, no more than its tiles (as :func:`launched_blocks` sized it
+    one block per SM in whole clusters, no more than its cap (as :func:`launched_blocks` sized it
     for the device it was rendered for). The C++ launcher (``cpp/tuner_chain.cpp``) does the same."""
-    if not launch.persistent_tiles:
+    if not launch.grid_cap:
         return launch.grid
-    return min(launch.persistent_tiles, whole_clusters(sms, launch.cluster))
+    return min(launch.grid_cap, whole_clusters(sms, launch.cluster))
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,15 @@ def launched_blocks(g: StageGrid, sms: int) -> int:
     return min(g.blocks, g.tiles.resident_blocks(sms)) if g.tiles.persistent else g.blocks
 
 
+def grid_cap(g: StageGrid, sms: int) -> int:
+    """The most blocks a stage may launch on another device (``Launch.grid_cap``): a persistent
+    stage's tiles, or with stream-K the blocks rendered for ``sms`` SMs, which its workspace slots
+    and post counters are laid out for; 0 for a stage of one block a tile."""
+    if not g.tiles.persistent:
+        return 0
+    return launched_blocks(g, sms) if g.tiles.stream_k else g.blocks
+
+
 def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool = False,
            sms: int = DeviceInfo.sms) -> Rendered:
     """Render ``config`` for ``chain``; the config is trusted to satisfy the space's constraints.
@@ -252,6 +263,12 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
         if entry["TMA_STORE"]:  # the output, stored a box of BM rows by 64 columns at a time
             entry["tma_c"] = 16 * len(maps)
             maps.append(TensorMap(len(maps), f"y{i}", st.m, st.n_out, tl.bm))
+        entry["STREAM_K"] = tl.stream_k
+        if tl.stream_k:  # per block of the grid: a tile's partial sums and the post that they are there
+            grid_blocks = launched_blocks(g, sms)
+            entry["sk_ws"] = ws
+            ws += grid_blocks * kind_of(st).partial_floats(g)
+            entry["sk_flags"] = words.take(grid_blocks)
         if config.dispatch == "ticket" and config.launch != "fused":
             entry["ticket"] = words.take(1)
         elif device_epoch and config.launch != "fused":
@@ -299,7 +316,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
                 out.append(Launch(f"guard{i}_kernel", 1, 32, 0, stream))
             out.append(Launch(f"stage{i}_kernel", launched_blocks(g, sms), g.tiles.threads, _smem(g), stream,
                               pdl=config.launch == "pdl" and i > 0,
-                              persistent_tiles=g.blocks if g.tiles.persistent else 0, cluster=g.tiles.cluster))
+                              grid_cap=grid_cap(g, sms), cluster=g.tiles.cluster))
         launches = tuple(out)
     digest = hashlib.sha256(source.encode()).hexdigest()
     return Rendered(source, digest, launches, max(words.n, 1), max(ws, 1), err_word, tuple(maps), device_epoch)

@@ -118,10 +118,12 @@ def _choice_list(value: Any, where: str, accepted: Sequence[str], source: str) -
     return tuple(items)
 
 
-def _switch_list(value: Any, where: str, source: str) -> tuple[int, ...]:
+def _switch_list(value: Any, where: str, key: str, source: str) -> tuple[int, ...]:
     items = list(value) if isinstance(value, (list, tuple)) else [value]
-    if not items or any(v not in (0, 1) or isinstance(v, bool) for v in items) or len(set(items)) != len(items):
-        raise SpaceError(f"{source}: {where} = {value!r}: accepted: 0 (off), 1 (on) or [0, 1]")
+    values = TILE_SWITCHES[key]
+    if not items or any(v not in values or isinstance(v, bool) for v in items) or len(set(items)) != len(items):
+        accepted = ", ".join(f"{v} ({what})" for v, what in values.items())
+        raise SpaceError(f"{source}: {where} = {value!r}: accepted: {accepted}, or a list of them without repeats")
     return tuple(items)
 
 
@@ -129,7 +131,7 @@ def _tile_list(value: Any, where: str, key: str, source: str) -> tuple[Any, ...]
     if key in TILE_CHOICES:
         return _choice_list(value, where, TILE_CHOICES[key], source)
     if key in TILE_SWITCHES:
-        return _switch_list(value, where, source)
+        return _switch_list(value, where, key, source)
     return _int_list(value, where, source)
 
 
@@ -312,20 +314,26 @@ def cluster(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
 
 
 def persistence(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
-    """Persistent blocks (``persist`` = 1) loop over the tiles of a TMA-fed stage, one split each,
-    and only where there are more tiles than blocks resident at once: with fewer, each block runs
-    one tile, as without."""
+    """Persistent blocks (``persist`` = 1, or 2 for stream-K) loop over the tiles of a TMA-fed
+    stage, one split each, and only where there are more tiles than blocks resident at once: with
+    fewer, each block runs one tile, as without. Stream-K, which cuts tiles between blocks, needs
+    blocks of their own (no cluster) and a last wave that the tiles leave partly empty."""
     t = g.tiles
-    if t.persist not in (0, 1):
-        return f"persist={t.persist} is not 0 or 1"
+    if t.persist not in TILE_SWITCHES["persist"]:
+        return f"persist={t.persist} is not one of {', '.join(map(str, TILE_SWITCHES['persist']))}"
     if not t.persistent:
         return None
     if not may_persist(t.mma, t.split_k):
         if not t.tma:
             return f"persistent blocks carry a TMA ring from tile to tile; mma={t.mma} has none"
         return f"persistent blocks compute whole tiles, not split_k={t.split_k} partial ones"
-    if g.blocks <= t.resident_blocks(dev.sms):
+    resident = t.resident_blocks(dev.sms)
+    if g.blocks <= resident:
         return f"{g.blocks} tiles run one per block on the device's {dev.sms} SMs without persistence"
+    if t.stream_k and t.cluster > 1:
+        return f"stream-K cuts tiles between blocks; a {t.cm}x{t.cn} cluster computes its tiles together"
+    if t.stream_k and g.blocks % resident == 0:
+        return f"{g.blocks} tiles fill whole waves of {resident} blocks: stream-K would cut none"
     return None
 
 

@@ -28,8 +28,9 @@ TILE_FIELDS = ("bm", "bn", "bk", "wm", "wn", "stages", "split_k", "mma", "cm", "
 # the tile's BM rows (tokens) as its N, a multiple of 8 up to 256: few tokens no longer pad to 64,
 # and M = 320 cuts into two tiles of 160.
 TILE_CHOICES: dict[str, tuple[str, ...]] = {"mma": ("sync", "wgmma", "wgmma_tma", "wgmma_tma_t")}
-# Tile fields that switch something on (1) or off (0).
-TILE_SWITCHES = ("persist",)
+# Tile fields that switch something off (0) or on in one of a few ways (1, ...), with what each
+# value means. persist: 1 persistent blocks, 2 persistent blocks with stream-K (StageTiles.stream_k).
+TILE_SWITCHES: dict[str, dict[int, str]] = {"persist": {0: "off", 1: "persistent blocks", 2: "persistent, stream-K"}}
 WARPGROUP_MMAS = ("wgmma", "wgmma_tma", "wgmma_tma_t")
 TMA_MMAS = ("wgmma_tma", "wgmma_tma_t")
 TILE_DEFAULTS: dict[str, Any] = {"split_k": 1, "mma": "sync", "cm": 1, "cn": 1, "persist": 0}  # what records made before a field existed mean
@@ -161,12 +162,22 @@ class StageTiles:
 
     @property
     def persistent(self) -> bool:
-        """Whether the stage runs persistent blocks (``persist`` = 1, TMA-fed tiles of one split,
-        :func:`may_persist`): as many blocks as the device holds at once, each looping over tiles
-        with its ring carried from one tile to the next, so the producer fills the ring for the
-        next tile while the MMA warps store this one's epilogue. Without it every tile is a block of its own, which fills its ring from empty
-        and stores its epilogue with no copy in flight."""
+        """Whether the stage runs persistent blocks (``persist`` = 1 or 2, TMA-fed tiles of one
+        split, :func:`may_persist`): as many blocks as the device holds at once, each looping over
+        tiles with its ring carried from one tile to the next, so the producer fills the ring for
+        the next tile while the MMA warps store this one's epilogue. Without it every tile is a
+        block of its own, which fills its ring from empty and stores its epilogue with no copy in
+        flight."""
         return bool(self.persist)
+
+    @property
+    def stream_k(self) -> bool:
+        """Whether a persistent stage shares its last waves out by K chunks (``persist`` = 2,
+        stream-K): its blocks compute whole tiles up to one wave before the last full one, then
+        each takes an even share of the remaining tiles' K chunks, so no SM idles through a
+        partial last wave; a tile cut between two blocks is summed through the workspace
+        (``PersistentWork`` and ``stream_k_fixup`` in ``wgmma.cuh``)."""
+        return self.persist == 2
 
     def resident_blocks(self, sms: int) -> int:
         """Blocks of this tiling resident at once on ``sms`` SMs, one per SM in whole clusters: what

@@ -53,11 +53,11 @@ Chain::Chain(const std::string& folder) {
       Launch l;
       f >> l.kernel >> l.grid >> l.threads >> l.smem >> l.stream >> l.pdl;
       if (!f.fail()) {
-        unsigned tiles = 0, cluster = 1;
-        if (f >> tiles >> cluster) {
-          l.persistent_tiles = tiles;
+        unsigned cap = 0, cluster = 1;
+        if (f >> cap >> cluster) {
+          l.grid_cap = cap;
           l.cluster = cluster;
-        } else if (f.eof() && tiles == 0) {
+        } else if (f.eof() && cap == 0) {
           f.clear();  // an entry exported before grids were sized at load: its grid as is
         }
       }
@@ -76,7 +76,7 @@ Chain::Chain(const std::string& folder) {
   check(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "cuDeviceGetAttribute(SMs)");
   for (Launch& l : launches_) {
     // As tuner.render.device_grid: a persistent stage runs one block per SM of this device.
-    if (l.persistent_tiles) l.grid = std::min(l.persistent_tiles, (unsigned)sms / l.cluster * l.cluster);
+    if (l.grid_cap) l.grid = std::min(l.grid_cap, (unsigned)sms / l.cluster * l.cluster);
     check(cuModuleGetFunction(&l.func, module_, l.kernel.c_str()), "cuModuleGetFunction");
     if (l.smem > 48 * 1024)
       check(cuFuncSetAttribute(l.func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)l.smem),

@@ -21,9 +21,9 @@ struct Launch {
   std::string kernel;
   unsigned grid = 0, threads = 0, smem = 0, stream = 0;
   unsigned pdl = 0;  // 1: a programmatic dependent launch (may start before the kernel ahead of it ends)
-  // A persistent stage's tiles (0: one block a tile) and its cluster's blocks: its grid is sized at
-  // load to this device's SMs, one block per SM in whole clusters, no more than its tiles.
-  unsigned persistent_tiles = 0, cluster = 1;
+  // A persistent stage's largest grid (0: the grid is fixed) and its cluster's blocks: its grid is
+  // sized at load to this device's SMs, one block per SM in whole clusters, no more than the cap.
+  unsigned grid_cap = 0, cluster = 1;
   CUfunction func = nullptr;
 };
 

@@ -9,7 +9,7 @@
    then more shapes of the instructions whose probe came within :data:`LIVE_KIND` of the
    best, each shape with its two best pipeline/split variants, then the fastest tilings again
    in thread-block clusters, then the fastest again with persistent blocks (where the stage
-   has more tiles than SMs). A stage dominates the chain's time and its best tiling barely
+   has more tiles than SMs), with and without stream-K. A stage dominates the chain's time and its best tiling barely
    depends on the sync choice, so this is where most of the budget goes.
 2. **Chain pass.** The fastest tilings of each stage, paired in the order of their summed
    stage times, under every sync choice (policy, order, dispatch, launch) the space holds
@@ -177,8 +177,9 @@ class Staged(Strategy):
                         vs.append(v)
             clustered.append(vs)
         yield self._stage_batch(clustered)
-        # Persistent blocks (where the space allows them: TMA-fed whole tiles outnumbering the SMs).
-        yield self._stage_batch([[replace(t, persist=1) for t in self.fastest(j, PERSIST_TOP)]
+        # Persistent blocks (where the space allows them: TMA-fed whole tiles outnumbering the SMs),
+        # and stream-K (where the last wave is partial).
+        yield self._stage_batch([[replace(t, persist=p) for t in self.fastest(j, PERSIST_TOP) for p in (1, 2)]
                                  for j in range(self.n)])
 
     def fastest(self, j: int, k: int, plain: bool = False) -> list[StageTiles]:
