@@ -241,8 +241,24 @@ __device__ __forceinline__ void for_each_pair(int m0, int n0, F f) {
         f(i, j, e, m0 + wm0 + i * 16 + lane / 4 + (e ? 8 : 0), n0 + wn0 + j * 8 + (lane % 4) * 2);
 }
 
+// A tile's partial sums (a split of split-K, a stream-K block's share of a tile) leave for slot `s`
+// of the workspace `part` in their own threads' fragment order: whole float4s consecutive across
+// threads, so every store (and split_reduce's every load) is coalesced.
+template <class T>
+__device__ __forceinline__ void store_partial(const float (&acc)[T::MI][T::NI][4], float4* part, size_t s) {
+  constexpr int FR = T::MI * T::NI;  // float4 fragments per thread
+  const int tid = threadIdx.x;
+  if (tid >= T::MMA_THREADS) return;  // a producer warp holds no accumulators
+#pragma unroll
+  for (int i = 0; i < T::MI; ++i)
+#pragma unroll
+    for (int j = 0; j < T::NI; ++j)
+      __stcg(part + (s * FR + i * T::NI + j) * T::MMA_THREADS + tid,
+             make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]));
+}
+
 // Split-K, the split that arrives last: add the other splits' partial sums into acc. Each split's
-// partials are contiguous, in fragment order (see the template), so these loads are coalesced.
+// partials are contiguous, in fragment order (store_partial), so these loads are coalesced.
 template <class T, int S>
 __device__ __forceinline__ void split_reduce(float (&acc)[T::MI][T::NI][4], const float4* part, int s) {
   constexpr int FR = T::MI * T::NI;

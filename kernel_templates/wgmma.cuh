@@ -392,19 +392,13 @@ __device__ __forceinline__ bool stream_k_fixup(float (&acc)[T::MI][T::NI][4], u3
                                                u32* flags, u32 epoch, u32* err) {
   if (k0 == 0 && k1 == kc) return true;  // a whole tile
   constexpr int FR = T::MI * T::NI;  // float4 fragments per thread
-  const int tid = threadIdx.x;
   if (k0 > 0) {
-    float4* mine = slots + (size_t)blockIdx.x * FR * T::MMA_THREADS;
-#pragma unroll
-    for (int i = 0; i < T::MI; ++i)
-#pragma unroll
-      for (int j = 0; j < T::NI; ++j)
-        __stcg(mine + (i * T::NI + j) * T::MMA_THREADS + tid, make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]));
+    store_partial<T>(acc, slots, blockIdx.x);
     tuner_bar_sync(T::MMA_THREADS);
     tuner_signal(flags + blockIdx.x);
     return false;
   }
-  if (tid == 0) tuner_spin_until_inline(flags + blockIdx.x + 1, epoch, err);
+  if (threadIdx.x == 0) tuner_spin_until_inline(flags + blockIdx.x + 1, epoch, err);
   tuner_bar_sync(T::MMA_THREADS);
   split_reduce<T, 2>(acc, slots + (size_t)blockIdx.x * FR * T::MMA_THREADS, 0);  // slot 1 of 2: block + 1's
   return true;
