@@ -9,8 +9,8 @@
    then more shapes of the instructions whose probe came within :data:`LIVE_KIND` of the
    best, each shape with its two best pipeline/split variants, then the fastest tilings again
    in thread-block clusters, then the fastest again with persistent blocks (where the stage
-   has more tiles than SMs), with and without stream-K. A stage dominates the chain's time and its best tiling barely
-   depends on the sync choice, so this is where most of the budget goes.
+   has more tiles than SMs), with and without stream-K. A stage dominates the chain's time and
+   its best tiling barely depends on the sync choice, so this is where most of the budget goes.
 2. **Chain pass.** The fastest tilings of each stage, paired in the order of their summed
    stage times, under every sync choice (policy, order, dispatch, launch) the space holds
    and the checker accepts. Right after the fastest pairing, under the sync choices that served
