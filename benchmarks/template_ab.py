@@ -1,7 +1,7 @@
 """A kernel change measured before it lands: recorded configs rendered from this checkout's
 kernel templates and from each variant's, verified, then timed side by side in interleaved rounds.
 
-    python benchmarks/template_ab.py [VARIANT ...] --config RECORDING LABEL [RANK] [--config ...] [--also F=V]
+    python benchmarks/template_ab.py [VARIANT ...] --config RECORDING LABEL [RANK] [--config ...] [--also F=V[,F=V ...]]
     # a variant is a folder holding a kernel_templates/ of its own, e.g. a copy with one change:
     cp -r kernel_templates /tmp/fence/ && $EDITOR /tmp/fence/kernel_templates/wgmma.cuh
     python benchmarks/template_ab.py /tmp/fence \\
@@ -13,7 +13,8 @@ default 0, among the measured configs whose label contains LABEL). Every source 
 against the float32 reference on fresh inputs before it is timed; one that fails is reported,
 not timed. The rounds interleave every source of a config after idle (the H200's clock drops
 under sustained load), in CUDA graphs with ``--graphs``. Prints the median of rounds of each
-source and its ratio to this checkout's (below 1: the variant is faster). GPU only.
+source and its ratio to this checkout's (below 1: the variant is faster); with ``--library``, the
+library's chain of the same shape (bench's baselines) too. GPU only.
 """
 from __future__ import annotations
 
@@ -51,8 +52,9 @@ def config_arguments(ap: argparse.ArgumentParser) -> None:
 def also_arguments(ap: argparse.ArgumentParser) -> None:
     """The repeatable ``--also FIELD=VALUE``: each config also with a tile field changed."""
     ap.add_argument("--also", action="append", default=[], metavar="FIELD=VALUE",
-                    help="each config also with this tile field changed (e.g. persist=1) in every stage that "
-                         "accepts it, from this checkout's templates (repeatable)")
+                    help="each config also with these tile fields changed together (e.g. persist=1 or "
+                         "bm=256,bn=128) in every stage that accepts them, from this checkout's templates "
+                         "(repeatable)")
 
 
 def picked_configs(specs: list[list[str]]) -> list[Record]:
@@ -69,21 +71,25 @@ def picked_configs(specs: list[list[str]]) -> list[Record]:
 
 
 def tile_variant(chain, config, change: str, device) -> "Config | None":
-    """``config`` with the tile field of ``change`` (``FIELD=VALUE``) set in every stage that the
-    search space's per-stage constraints accept it in, and the chain's constraints still hold; None
-    if no stage takes it."""
+    """``config`` with the tile fields of ``change`` (``FIELD=VALUE[,FIELD=VALUE ...]``, set
+    together) in every stage that the search space's per-stage constraints accept them in, and the
+    chain's constraints still hold; None if no stage takes them."""
     from dataclasses import replace
 
     from tuner.config import TILE_FIELDS
     from tuner.space import Limits, persistent_launch, stage_problem
     from tuner.tiling import StageGrid, tile_value
 
-    field, _, value = change.partition("=")
-    if field not in TILE_FIELDS or not value:
-        raise SystemExit(f"--also {change}: give FIELD=VALUE with FIELD one of {', '.join(TILE_FIELDS)}")
+    fields = {}
+    for part in change.split(","):
+        field, _, value = part.partition("=")
+        if field not in TILE_FIELDS or not value:
+            raise SystemExit(f"--also {change}: give FIELD=VALUE[,FIELD=VALUE ...] with FIELD one of "
+                             f"{', '.join(TILE_FIELDS)}")
+        fields[field] = tile_value(field, value)
     tiles = []
     for st, t in zip(chain.stages, config.tiles):
-        new = replace(t, **{field: tile_value(field, value)})
+        new = replace(t, **fields)
         tiles.append(new if stage_problem(StageGrid(st, new), Limits(), device) is None else t)
     out = replace(config, tiles=tuple(tiles))
     if out == config or persistent_launch(out.dispatch, out.launch, out.grids(chain)):
@@ -99,6 +105,9 @@ def main() -> int:
     config_arguments(ap)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     ap.add_argument("--graphs", action="store_true", help="time from CUDA graphs, as bench --graphs does")
+    ap.add_argument("--library", action="store_true",
+                    help="time the library's chain of the same shape in the same rounds too (cuBLAS through "
+                         "CuPy, PyTorch's variants, as bench's baselines)")
     also_arguments(ap)
     args = ap.parse_args()
     homes = variant_homes(args.variants)
@@ -131,12 +140,21 @@ def main() -> int:
             name = f"{change}: {cfg.short()}"
             names.append(name)
             ready(name, cfg)
-        got = gpu.time_rounds(chain, [], args.rounds, extra=timers)
+        library = {}
+        if args.library:
+            from tuner.baselines import baseline_timers
+
+            p = gpu.problem(chain)
+            library = baseline_timers(chain, list(zip(p.xs, p.ws)), graphs=args.graphs)
+        got = gpu.time_rounds(chain, [], args.rounds, extra={**timers, **library})
         print(f"{rec.label}: {rec.config.short()} (recorded {rec.measurement.median_us:.1f} us)")
         base = median(got["this checkout"]) if "this checkout" in got else None
-        for name in names:
+        for name in names + list(library):
             if name in failed:
                 print(f"  {name:>16}: FAILED {failed[name]}")
+                continue
+            if not isinstance(got.get(name), list) or not got[name]:
+                print(f"  {name:>16}: not timed")
                 continue
             us = median(got[name])
             print(f"  {name:>16}: {us:8.2f} us" + (f"  x{us / base:.3f}" if base else ""))

@@ -63,11 +63,12 @@ def test_cluster_variants_of_the_fastest_tilings_are_the_feasible_cluster_shapes
         plain = replace(p.tiles, cm=1, cn=1)
         assert plain in fastest[p.stage] and p.tiles in st.allowed[p.stage]
     assert {(p.tiles.cm, p.tiles.cn) for p in clustered} == {(2, 1), (1, 2)}
-    # Then the fastest tilings, clustered or not, with persistent blocks where the stage allows them
-    # (more tiles than SMs: the narrower tiles of gemm2 here).
+    # Then the fastest tilings, clustered or not, and the fastest plain ones, with persistent
+    # blocks where the stage allows them (more tiles than SMs: the narrower tiles of gemm2 here).
     st.observe(Outcome(p, (5.0 if replace(p.tiles, persist=1) in st.allowed[p.stage] else 60.0) + i)
                for i, p in enumerate(clustered))
-    fastest = {j: st.fastest(j, PERSIST_TOP) for j in range(2)}
+    fastest = {j: st.fastest(j, PERSIST_TOP) + st.fastest(j, PERSIST_TOP, plain=True) for j in range(2)}
+    assert any(t.cluster > 1 for t in fastest[1]) and any(t.cluster == 1 for t in fastest[1])
     persistent = st.propose(400)
     assert persistent and all(p.phase == "stage pass" and p.tiles.persistent for p in persistent)
     assert {(p.stage, replace(p.tiles, persist=0)) for p in persistent} == {
