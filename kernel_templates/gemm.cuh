@@ -241,7 +241,7 @@ __device__ __forceinline__ void for_each_pair(int m0, int n0, F f) {
         f(i, j, e, m0 + wm0 + i * 16 + lane / 4 + (e ? 8 : 0), n0 + wn0 + j * 8 + (lane % 4) * 2);
 }
 
-// A tile's partial sums (a split of split-K, a stream-K block's share of a tile) leave for slot `s`
+// A tile's partial sums (a split of split-K, a part of a tile of a persistent stage's split last wave) leave for slot `s`
 // of the workspace `part` in their own threads' fragment order: whole float4s consecutive across
 // threads, so every store (and split_reduce's every load) is coalesced.
 template <class T>

@@ -355,52 +355,47 @@ __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.comm
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 
 // ---- A persistent block's work: whole tiles b, b + G, ... (b its block, G the grid) below `whole`,
-// then, with stream-K, its even share of the remaining tiles' K chunks, cut at tile edges. Stream-K
-// leaves `whole` = G fewer tiles than the last full wave ends at, so the last wave and the partial
-// one after it are shared out evenly instead of leaving SMs idle at the end. Every share then
-// holds at least a tile's KC chunks, so a tile is cut between two blocks at most: b computes its
-// first chunks and b + 1 the rest (stream_k_fixup).
+// then, where the partial last wave is split along K (tiling.TAIL_SPLIT: `tail` tiles past the last
+// whole wave, cut at chunk `split`), block b < tail computes the first part of tail tile b and every
+// other block the rests of tail tiles b - tail, b - tail + (G - tail), ... Every first part covers
+// the same chunks, and every rest too, so the wave's blocks read the same slabs from L2 together.
 struct PersistentWork {
-  u32 whole, chunks, kc, grid;
-  __device__ PersistentWork(u32 tiles, u32 kc_, u32 grid_, bool stream_k) : kc(kc_), grid(grid_) {
-    whole = stream_k && tiles >= grid ? (tiles / grid - 1) * grid : tiles;
-    chunks = (tiles - whole) * kc;
-  }
-  // The first stream-K chunk of block b (numbered from the first tile past `whole`).
-  __device__ __forceinline__ u32 share(u32 b) const { return (u32)((u64)chunks * b / grid); }
+  u32 whole, tail, split, kc, grid;
+  __device__ PersistentWork(u32 tiles, u32 kc_, u32 grid_, u32 tail_, u32 split_)
+      : whole(tiles - tail_), tail(tail_), split(split_), kc(kc_), grid(grid_) {}
   // f(tile, first chunk, end chunk) for every unit of block b, in order.
   template <class F>
   __device__ __forceinline__ void each(u32 b, F f) const {
     for (u32 tile = b; tile < whole; tile += grid) f(tile, 0u, kc);
-    for (u32 c = share(b), end = share(b + 1); c < end;) {
-      const u32 k0 = c % kc, k1 = min(kc, k0 + (end - c));
-      f(whole + c / kc, k0, k1);
-      c += k1 - k0;
-    }
+    if (b < tail) f(whole + b, 0u, split);
+    else
+      for (u32 i = b - tail; i < tail; i += grid - tail) f(whole + i, split, kc);
   }
 };
 
-// A unit of a tile cut between two blocks (stream-K), after its MMAs: the block with the tile's
-// later chunks (k0 > 0: its share's first unit) leaves its partial sums in its workspace slot, in
-// its own threads' fragment order (coalesced), and posts; the block with the first chunks waits for
-// that post and adds them, then stores the tile. The later block reaches this unit first in its
-// share and the earlier one last in its, so the wait is short; every block of a persistent grid
-// is resident, so the post comes. Returns whether this block stores the tile. `flags`: one post
-// counter per block, raised once a run; `slots`: a tile's partial sums per block.
+// A tail tile's part (PersistentWork), after its MMAs: both parts of tail tile i take an arrival
+// number; the first to arrive leaves its partial sums in the tile's workspace slot, in its own
+// threads' fragment order (coalesced), and posts; the second waits for that post, adds them and
+// stores the tile. It waits only on a part that has arrived, so is running: no deadlock, and no
+// order between the two. Returns whether this block stores the tile. `arrive`, `written`: a
+// counter per tail tile, raised twice and once a run; `slots`: a tile's partial sums per tail tile.
 template <class T>
-__device__ __forceinline__ bool stream_k_fixup(float (&acc)[T::MI][T::NI][4], u32 k0, u32 k1, u32 kc, float4* slots,
-                                               u32* flags, u32 epoch, u32* err) {
+__device__ __forceinline__ bool tail_fixup(float (&acc)[T::MI][T::NI][4], u32 k0, u32 k1, u32 kc, u32 i,
+                                           float4* slots, u32* arrive, u32* written, u32 epoch, u32* err) {
   if (k0 == 0 && k1 == kc) return true;  // a whole tile
-  constexpr int FR = T::MI * T::NI;  // float4 fragments per thread
-  if (k0 > 0) {
-    store_partial<T>(acc, slots, blockIdx.x);
+  float4* slot = slots + (size_t)i * T::MI * T::NI * T::MMA_THREADS;
+  __shared__ u32 arrival;
+  if (threadIdx.x == 0) arrival = atomicAdd(arrive + i, 1u) - (epoch - 1u) * 2u;
+  tuner_bar_sync(T::MMA_THREADS);
+  if (arrival == 0u) {  // every thread reads it before the barrier below, so before it changes
+    store_partial<T>(acc, slot, 0);
     tuner_bar_sync(T::MMA_THREADS);
-    tuner_signal(flags + blockIdx.x);
+    tuner_signal(written + i);
     return false;
   }
-  if (threadIdx.x == 0) tuner_spin_until_inline(flags + blockIdx.x + 1, epoch, err);
+  if (threadIdx.x == 0) tuner_spin_until_inline(written + i, epoch, err);
   tuner_bar_sync(T::MMA_THREADS);
-  split_reduce<T, 2>(acc, slots + (size_t)blockIdx.x * FR * T::MMA_THREADS, 0);  // slot 1 of 2: block + 1's
+  split_reduce<T, 2>(acc, slot, 1);  // slot 0 of 2: the first part's sums
   return true;
 }
 

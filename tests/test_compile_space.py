@@ -102,10 +102,11 @@ def test_a_large_sample_of_the_space_compiles_without_spills(tmp_path, capsys):
     assert not bad, "\n".join(bad[:20])
 
 
-def test_stream_k_compiles_without_spills(tmp_path):
-    """Stream-K (persist = 2) is opt-in, outside the shipped spaces, so the samples above never draw it."""
+def test_a_last_wave_split_along_k_compiles_without_spills(tmp_path):
+    """The split last wave (persist = 2) is opt-in, outside the shipped spaces, so the samples above
+    never draw it."""
     chain = WORKLOADS["gpt3"].chain(tokens=2048)
-    cfgs = [c for c in persistent(chain, H200.sms) if any(t.stream_k for t in c.tiles)]
+    cfgs = [c for c in persistent(chain, H200.sms) if any(t.tail_split for t in c.tiles)]
     assert len(cfgs) >= 2
     sources, results, _ = compile_all([(chain, c) for c in cfgs], tmp_path)
     bad = problems(sources, results)

@@ -76,8 +76,8 @@ REALLOC_CASES = [("gpt3", ODD), ("llama", dict(tokens=1000, hidden=1032, ffn=776
 
 def persistent_grids(chain):
     """The grids the persistent-block tests run, each with its configs: every persistent config
-    on 8 blocks, and the stream-K configs that only 7 blocks allow."""
-    seven = [c for c in persistent(chain, sms=7) if any(t.stream_k for t in c.tiles)]
+    on 8 blocks, and the configs splitting their last wave along K that only 7 blocks allow."""
+    seven = [c for c in persistent(chain, sms=7) if any(t.tail_split for t in c.tiles)]
     return [(8, persistent(chain, sms=8)), (7, seven)]
 
 
@@ -99,7 +99,7 @@ def test_persistent_blocks_looping_over_tiles_are_correct(workload, size, graphs
 
     chain = get_workload(workload).chain(**size)
     # 8 blocks, each looping over 4 to 26 tiles; then 7, where the tile counts that fill whole waves
-    # of 8 leave a partial last wave, for the stream-K configs that 8 blocks cannot have.
+    # of 8 leave a partial last wave, for the configs splitting it along K that 8 blocks cannot have.
     for blocks, cfgs in persistent_grids(chain):
         assert cfgs
         b = GpuBackend(warmup=1, reps=3, graphs=graphs, persistent_blocks=blocks)

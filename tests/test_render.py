@@ -11,6 +11,7 @@ from tuner.config import Config, StageTiles
 from tuner.paths import home
 from tuner.render import device_grid, render
 from tuner.workloads import get_workload
+from tuner.tiling import tail_split
 
 CHAIN = get_workload("gpt3").chain(tokens=64)
 
@@ -236,7 +237,7 @@ def test_a_persistent_stage_launches_one_block_per_sm_in_whole_clusters_and_loop
     assert [device_grid(l, 114) for l in r.launches] == [114, 114] and device_grid(r.launches[1], 9) == 8
     assert [device_grid(l, 10_000) for l in r.launches] == [768, 1536]
     assert r.source.count("work.each(t, ") == 4  # each stage's producer and MMA warps
-    assert r.source.count("PersistentWork work(768u, (u32)KC, gridDim.x, false)") == 1  # whole tiles only
+    assert r.source.count("PersistentWork work(768u, (u32)KC, gridDim.x, 0u, (u32)KC)") == 1  # whole tiles only
     assert r.source.count("tuner_run(state + ") == 2 and "gridDim.x, &run_ticket" in r.source
     # Only the persistent tile carries its ring on and hands its last slot back.
     one = render(chain, replace(cfg, tiles=(plain, plain)), sms=132)
@@ -245,23 +246,25 @@ def test_a_persistent_stage_launches_one_block_per_sm_in_whole_clusters_and_loop
     assert "tma_consume_tile<T, true>" in r.source and "tma_consume_tile<T, true>" not in one.source
 
 
-def test_a_stream_k_stage_gives_each_block_of_its_grid_a_workspace_slot_and_a_post_counter():
-    chain = get_workload("gpt3").chain(tokens=2048)  # gemm2: 16x48 = 768 tiles of 128x256
+def test_a_stage_splitting_its_last_wave_gives_each_block_of_its_grid_a_workspace_slot_and_two_counters():
+    chain = get_workload("gpt3").chain(tokens=2048)  # gemm2: 16x48 = 768 tiles of 128x256, 96 K chunks
     t = StageTiles(128, 256, 64, 2, 1, 3, 1, "wgmma_tma")
     sk = Config((t, replace(t, persist=2)), "stream", "col", "block", "serial")
-    assert sk.short().endswith("s3 | 128x256x64 t2x1 s3 sk]")
+    assert sk.short().endswith("s3 | 128x256x64 t2x1 s3 ts]")
+    # 132 blocks: 108 tiles past the fifth wave, cut at chunk 80; the 24 free blocks take 4 or 5 rests.
+    assert tail_split(768, 96, 132) == (108, 80, 5)
     r = render(chain, sk, sms=132)
     stage1 = r.source.split("// ---- stage 1")[1]
-    assert "PersistentWork work(768u, (u32)KC, gridDim.x, true)" in stage1 and "stream_k_fixup<T>(acc" in stage1
+    assert "PersistentWork work(768u, (u32)KC, gridDim.x, tail, split)" in stage1 and "tail_fixup<T>(acc" in stage1
     assert r.ws_floats == 132 * 128 * 256 and [l.grid for l in r.launches] == [384, 132]
     # On a device of more SMs it keeps the blocks its workspace was laid out for; of fewer, fewer.
     assert r.launches[1].grid_cap == 132 and device_grid(r.launches[1], 200) == 132
     assert device_grid(r.launches[1], 100) == 100
     # The grid sizes the workspace and the counters: a smaller device, fewer of each.
     small = render(chain, sk, sms=100)
-    assert small.ws_floats == 100 * 128 * 256 and small.state_words == r.state_words - 32
+    assert small.ws_floats == 100 * 128 * 256 and small.state_words == r.state_words - 2 * 32
     plain = render(chain, replace(sk, tiles=(t, replace(t, persist=1))), sms=132)
-    assert "stream_k_fixup<T>(acc" not in plain.source and plain.ws_floats == 1
+    assert "tail_fixup<T>(acc" not in plain.source and plain.ws_floats == 1
 
 
 def test_a_persistent_transposed_tile_parks_its_epilogue_in_slices_beside_the_ring():

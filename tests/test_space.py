@@ -49,15 +49,20 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
     shifts = []  # per stage: whether its tile moves registers from its producer (setmaxnreg)
     for st, t in zip(chain.stages, cfg.tiles):
         # persistent blocks: TMA-fed whole tiles, more of them than one block per SM in whole
-        # clusters, block dispatch in a stream-ordered launch; stream-K (2) without a cluster, where
-        # the tiles leave the last wave partly empty
+        # clusters, block dispatch in a stream-ordered launch; the last wave split along K (2)
+        # without a cluster, where the tiles leave it partly empty and cutting each of its tiles at
+        # one K chunk into a first part and a rest that the free blocks share ends it sooner
         tiles, resident = -(-st.m // t.bm) * -(-st.n // t.bn), dev.sms // (t.cm * t.cn) * (t.cm * t.cn)
         if t.persist not in (0, 1, 2) or t.persist and (
                 t.mma not in ("wgmma_tma", "wgmma_tma_t") or t.split_k > 1 or tiles <= resident
                 or cfg.dispatch != "block" or cfg.launch not in ("serial", "pdl")):
             return False
-        if t.persist == 2 and (t.cm * t.cn > 1 or tiles % resident == 0):
-            return False
+        if t.persist == 2:
+            kc, tail = -(-st.k // t.bk), tiles % resident
+            rests_per_free_block = -(-tail // (resident - tail))  # ceil
+            split = round(kc * rests_per_free_block / (rests_per_free_block + 1) + 1e-9)
+            if t.cm * t.cn > 1 or tail == 0 or kc < 2 or not max(split, rests_per_free_block * (kc - split)) < kc:
+                return False
         if t.cm * t.cn > 1 and (t.mma not in ("wgmma_tma", "wgmma_tma_t") or t.cm * t.cn > max_cluster or -(-st.m // t.bm) % t.cm
                                 or -(-st.n // t.bn) % t.cn or cfg.dispatch != "block" or cfg.launch == "fused"):
             return False
@@ -208,9 +213,10 @@ def test_exact_count_matches_brute_force_with_persistent_blocks():
     # 16 tiles outnumber 12 SMs, not 12 SMs' 6 clusters of 2 blocks... which hold 12 blocks: both persist
     assert any(t.persistent and t.cluster == 2 for c in persistent for t in c.tiles)
     assert not any(t.persistent and t.bn == 128 and i == 0 for c in persistent for i, t in enumerate(c.tiles))
-    # stream-K: 16 and 32 tiles leave a wave of 12 blocks partly empty; never in a cluster
-    assert any(t.stream_k for c in persistent for t in c.tiles)
-    assert not any(t.stream_k and t.cluster > 1 for c in persistent for t in c.tiles)
+    # the last wave split along K: 16 and 32 tiles leave a wave of 12 blocks partly empty; never
+    # in a cluster
+    assert any(t.tail_split for c in persistent for t in c.tiles)
+    assert not any(t.tail_split and t.cluster > 1 for c in persistent for t in c.tiles)
     blamed = {fs.contains(c).split(":")[0] for c in all_configs(TINY_PE) if c not in brute}
     assert {"persistence", "persistent_launch"} <= blamed
 

@@ -123,8 +123,8 @@ def persistent(chain: Chain, sms: int) -> list[Config]:
     over several tiles: under both stream-ordered launches and both orders, cycling through the
     plain tile, the transposed tile (160 rows where M has them: its epilogue parks 64, 64 and 32
     rows), a 2x1 cluster where the tile grid divides and the two-warpgroup
-    tile that moves registers where the chain is wide enough; each also with stream-K (its last
-    waves shared out by K chunks) where the space allows it. A stage with no more tiles than
+    tile that moves registers where the chain is wide enough; each also with its partial last
+    wave split along K where the space allows it. A stage with no more tiles than
     ``sms`` keeps one tile per block. Empty for chains of other stage kinds."""
     from .space import Limits, stage_problem  # noqa: PLC0415 - the space imports the cases' modules
 
@@ -141,7 +141,7 @@ def persistent(chain: Chain, sms: int) -> list[Config]:
         if variant == 3:
             # three slots: four and the output parked beside them pass the shared memory
             tiles = [StageTiles(128, 256, 64, 2, 1, 3, 1, "wgmma_tma") for _ in chain.stages]
-        for persist in (1, 2):  # 2: stream-K, where the space allows it (no cluster, a partial last wave)
+        for persist in (1, 2):  # 2: the last wave split along K, where the space allows it
             chosen = []
             for st, t in zip(chain.stages, tiles):
                 t = replace(t, persist=persist)

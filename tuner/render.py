@@ -18,7 +18,8 @@ import jinja2
 from .device import DeviceInfo
 from .config import Config, StageGrid, StageTiles
 from .expr import Expr
-from .tiling import CONSUMER_REGS, PRODUCER_REGS, SPLIT_BEGIN, whole_clusters
+from .tiling import (CONSUMER_REGS, PRODUCER_REGS, SPLIT_BEGIN, TAIL, TAIL_GAINS, TAIL_PARTS, TAIL_SPLIT,
+                     whole_clusters)
 from .epilogues import get_epilogue
 from .stages import kind_of
 from .paths import templates_dir
@@ -41,8 +42,8 @@ class Launch:
     smem: int
     stream: int  # 0 or 1
     pdl: bool = False  # a programmatic dependent launch (the pdl launch mode, every stage after the first)
-    # A persistent stage's largest grid (its tiles; with stream-K, the blocks its workspace was laid
-    # out for): its grid follows the device that runs it (device_grid). 0: the grid is fixed.
+    # A persistent stage's largest grid (its tiles; with its last wave split along K, the blocks its
+    # workspace was laid out for): its grid follows the device that runs it (device_grid). 0: the grid is fixed.
     grid_cap: int = 0
     cluster: int = 1  # blocks of a thread-block cluster (a persistent grid holds whole clusters)
 
@@ -191,6 +192,8 @@ def _after_mainloop(tl: StageTiles) -> dict[str, str]:
 
 # Split s's first and last-plus-one K chunks as the kernels compute them (tiling.SPLIT_BEGIN).
 _SPLIT_BEGIN_C, _SPLIT_END_C = SPLIT_BEGIN.c, SPLIT_BEGIN.substitute({"s": Expr("s + 1")}).c
+# The partial last wave's split as the kernels compute it on their grid (tiling.tail_split).
+_TAIL_C = dict(tail=TAIL.c, parts=TAIL_PARTS.c, split=TAIL_SPLIT.c, gains=TAIL_GAINS.c)
 
 
 def a_rows(m: int, bm: int) -> int:
@@ -208,11 +211,11 @@ def launched_blocks(g: StageGrid, sms: int) -> int:
 
 def grid_cap(g: StageGrid, sms: int) -> int:
     """The most blocks a stage may launch on another device (``Launch.grid_cap``): a persistent
-    stage's tiles, or with stream-K the blocks rendered for ``sms`` SMs, which its workspace slots
-    and post counters are laid out for; 0 for a stage of one block a tile."""
+    stage's tiles, or where its last wave is split along K the blocks rendered for ``sms`` SMs,
+    which its workspace slots and counters are laid out for; 0 for a stage of one block a tile."""
     if not g.tiles.persistent:
         return 0
-    return launched_blocks(g, sms) if g.tiles.stream_k else g.blocks
+    return launched_blocks(g, sms) if g.tiles.tail_split else g.blocks
 
 
 def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool = False,
@@ -263,12 +266,16 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
         if entry["TMA_STORE"]:  # the output, stored a box of BM rows by 64 columns at a time
             entry["tma_c"] = 16 * len(maps)
             maps.append(TensorMap(len(maps), f"y{i}", st.m, st.n_out, tl.bm))
-        entry["STREAM_K"] = tl.stream_k
-        if tl.stream_k:  # per block of the grid: a tile's partial sums and the post that they are there
+        entry["TAIL_SPLIT"] = tl.tail_split
+        if tl.tail_split:
+            # Per tile of the split wave (fewer than the grid's blocks): the first part's partial
+            # sums, and the counters of its parts' arrivals and of the posts that the sums are there.
             grid_blocks = launched_blocks(g, sms)
-            entry["sk_ws"] = ws
+            entry["tail"] = _TAIL_C
+            entry["tail_ws"] = ws
             ws += grid_blocks * kind_of(st).partial_floats(g)
-            entry["sk_flags"] = words.take(grid_blocks)
+            entry["tail_arrive"] = words.take(grid_blocks)
+            entry["tail_written"] = words.take(grid_blocks)
         if config.dispatch == "ticket" and config.launch != "fused":
             entry["ticket"] = words.take(1)
         elif device_epoch and config.launch != "fused":

@@ -29,7 +29,7 @@ from . import UsageError
 from .device import DeviceInfo
 from .config import GLOBAL_DEFAULTS, GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
 from .expr import Expr
-from .tiling import CONSUMER_REGS, TILE_SWITCHES, WG_OVERHEAD_REGS, even_share, may_persist, next_pow2
+from .tiling import CONSUMER_REGS, TILE_SWITCHES, WG_OVERHEAD_REGS, even_share, may_persist, next_pow2, tail_split
 from .prefetch import PREFETCHES, prefetch_allowed
 from .stages import kind_of
 from .sync import (DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, grid_env, launch_allowed, pair_env,
@@ -314,10 +314,11 @@ def cluster(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
 
 
 def persistence(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
-    """Persistent blocks (``persist`` = 1, or 2 for stream-K) loop over the tiles of a TMA-fed
-    stage, one split each, and only where there are more tiles than blocks resident at once: with
-    fewer, each block runs one tile, as without. Stream-K, which cuts tiles between blocks, needs
-    blocks of their own (no cluster) and a last wave that the tiles leave partly empty."""
+    """Persistent blocks (``persist`` = 1, or 2 with the partial last wave split along K) loop over
+    the tiles of a TMA-fed stage, one split each, and only where there are more tiles than blocks
+    resident at once: with fewer, each block runs one tile, as without. Splitting the last wave,
+    which cuts tiles between blocks, needs blocks of their own (no cluster) and a last wave that
+    the split ends sooner than whole tiles (:func:`tuner.tiling.tail_split`)."""
     t = g.tiles
     if t.persist not in TILE_SWITCHES["persist"]:
         return f"persist={t.persist} is not one of {', '.join(map(str, TILE_SWITCHES['persist']))}"
@@ -330,10 +331,11 @@ def persistence(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
     resident = t.resident_blocks(dev.sms)
     if g.blocks <= resident:
         return f"{g.blocks} tiles run one per block on the device's {dev.sms} SMs without persistence"
-    if t.stream_k and t.cluster > 1:
-        return f"stream-K cuts tiles between blocks; a {t.cm}x{t.cn} cluster computes its tiles together"
-    if t.stream_k and g.blocks % resident == 0:
-        return f"{g.blocks} tiles fill whole waves of {resident} blocks: stream-K would cut none"
+    if t.tail_split and t.cluster > 1:
+        return f"splitting the last wave cuts tiles between blocks; a {t.cm}x{t.cn} cluster computes its tiles together"
+    if t.tail_split and not tail_split(g.blocks, g.kc, resident)[0]:
+        return (f"{g.blocks} tiles of {g.kc} K chunks on {resident} blocks: splitting the last wave "
+                f"({g.blocks % resident} tiles) would not end it sooner")
     return None
 
 

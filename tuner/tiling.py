@@ -29,8 +29,10 @@ TILE_FIELDS = ("bm", "bn", "bk", "wm", "wn", "stages", "split_k", "mma", "cm", "
 # and M = 320 cuts into two tiles of 160.
 TILE_CHOICES: dict[str, tuple[str, ...]] = {"mma": ("sync", "wgmma", "wgmma_tma", "wgmma_tma_t")}
 # Tile fields that switch something off (0) or on in one of a few ways (1, ...), with what each
-# value means. persist: 1 persistent blocks, 2 persistent blocks with stream-K (StageTiles.stream_k).
-TILE_SWITCHES: dict[str, dict[int, str]] = {"persist": {0: "off", 1: "persistent blocks", 2: "persistent, stream-K"}}
+# value means. persist: 1 persistent blocks, 2 persistent blocks with the partial last wave split
+# along K (StageTiles.tail_split).
+TILE_SWITCHES: dict[str, dict[int, str]] = {"persist": {0: "off", 1: "persistent blocks",
+                                                        2: "persistent, last wave split along K"}}
 WARPGROUP_MMAS = ("wgmma", "wgmma_tma", "wgmma_tma_t")
 TMA_MMAS = ("wgmma_tma", "wgmma_tma_t")
 TILE_DEFAULTS: dict[str, Any] = {"split_k": 1, "mma": "sync", "cm": 1, "cn": 1, "persist": 0}  # what records made before a field existed mean
@@ -171,12 +173,15 @@ class StageTiles:
         return bool(self.persist)
 
     @property
-    def stream_k(self) -> bool:
-        """Whether a persistent stage shares its last waves out by K chunks (``persist`` = 2,
-        stream-K): its blocks compute whole tiles up to one wave before the last full one, then
-        each takes an even share of the remaining tiles' K chunks, so no SM idles through a
-        partial last wave; a tile cut between two blocks is summed through the workspace
-        (``PersistentWork`` and ``stream_k_fixup`` in ``wgmma.cuh``)."""
+    def tail_split(self) -> bool:
+        """Whether a persistent stage splits its partial last wave along K (``persist`` = 2): the
+        tiles past the last whole wave are each cut at one common K chunk (:data:`TAIL_SPLIT`),
+        their first parts computed by as many blocks, the rests shared by the blocks the wave
+        leaves free, so those SMs do not idle through it; the two parts of a tile are summed through
+        the workspace (``PersistentWork`` and ``tail_fixup`` in ``wgmma.cuh``). Every part of the
+        wave covers the same K range as the others of its kind, so the wave reads its operands from
+        L2 together as whole tiles do (stream-K's even shares, cut anywhere, did not: 1.2-2x
+        slower, studies/README.md)."""
         return self.persist == 2
 
     def resident_blocks(self, sms: int) -> int:
@@ -234,6 +239,29 @@ class StageTiles:
 # chunk count leaves no split empty: 17 chunks make 8 splits of 2 or 3, where ceil-sized splits
 # of 3 would fill only 6.
 SPLIT_BEGIN = Expr("s * KC // S")
+
+# The partial last wave of a persistent stage of `tiles` tiles of KC chunks on `grid` blocks, split
+# along K (persist = 2), here and in the kernels: its `tail` tiles are each cut at chunk `split`;
+# block i < tail computes tile i's first part, and the grid - tail spare blocks share the rests,
+# `parts` at most each. The cut balances the two (split ~ parts x (KC - split)), and the wave is
+# split only where that ends it sooner than a whole tile would (TAIL_GAINS).
+TAIL = Expr("tiles % grid if tiles > grid and KC > 1 else 0")
+TAIL_PARTS = Expr("(grid - 1) // (grid - tail)")
+TAIL_SPLIT = Expr("(KC * parts + (parts + 1) // 2) // (parts + 1)")
+TAIL_GAINS = Expr("split < KC and parts * (KC - split) < KC")
+
+
+def tail_split(tiles: int, kc: int, grid: int) -> tuple[int, int, int]:
+    """``(tail, split, parts)`` of a persistent stage whose partial last wave is split along K
+    (:data:`TAIL`): ``(0, KC, 0)`` where nothing is split."""
+    env = {"tiles": tiles, "grid": grid, "KC": kc}
+    tail = TAIL.values(env)
+    if tail:
+        env.update(tail=tail, parts=TAIL_PARTS.values({**env, "tail": tail}))
+        env["split"] = TAIL_SPLIT.values(env)
+        if TAIL_GAINS.values(env):
+            return tail, env["split"], env["parts"]
+    return 0, kc, 0
 
 
 @dataclass(frozen=True)
