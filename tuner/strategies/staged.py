@@ -190,12 +190,15 @@ class Staged(Strategy):
         return [t for _, t in sorted(timed, key=lambda x: (x[0], _shape(x[1]), x[1].stages, x[1].split_k))][:k]
 
     def persist_bases(self, j: int) -> list[StageTiles]:
-        """The tilings of stage ``j`` tried again with persistent blocks: the :data:`PERSIST_TOP`
-        fastest, clustered or not, and the as many fastest without a cluster. A persistent block
-        hides its epilogue behind the next tile and keeps its ring, which reorders tilings timed
-        within a percent or two of each other: at gpt3 2048 tokens gemm2's third-fastest plain
-        tiling (fourth overall) ran fastest persistent on the H100."""
-        return list(dict.fromkeys(self.fastest(j, PERSIST_TOP) + self.fastest(j, PERSIST_TOP, plain=True)))
+        """The tilings of stage ``j`` tried again with persistent blocks: of those that the space
+        lets persist (a persistent block parks its output beside the ring, which a deep ring leaves
+        no room for), the :data:`PERSIST_TOP` fastest, clustered or not, and as many fastest
+        without a cluster. A persistent block hides its epilogue behind the next tile and keeps
+        its ring, which reorders tilings timed within a percent or two of each other: at gpt3 2048
+        tokens gemm2's fourth-fastest plain tiling ran fastest persistent on an H100, and of the
+        three before it one could not persist."""
+        ranked = [t for t in self.fastest(j, len(self.alone[j])) if replace(t, persist=1) in self.allowed[j]]
+        return list(dict.fromkeys(ranked[:PERSIST_TOP] + [t for t in ranked if _plain(t)][:PERSIST_TOP]))
 
     def _top_tilings(self, j: int) -> list[StageTiles]:
         best = self.fastest(j, TOP_PER_STAGE)
