@@ -206,6 +206,19 @@ def test_a_tile_too_large_for_the_even_share_moves_registers_from_its_producer_w
     assert not any(t.realloc for _ in range(200) for t in fs.sample(rng, fused).tiles)
 
 
+def test_a_ticket_tile_that_moves_registers_waits_out_its_mainloop_in_shared_memory():
+    """Held in a register across the change of register counts, a ticket's tile spilled (4 bytes,
+    llama-attn at 1000 tokens, 256x128 T1x2 k16); a block index is read again for nothing."""
+    chain = get_workload("gpt3").chain(tokens=1000, hidden=1032, ffn=776)
+    big = StageTiles(128, 256, 64, 2, 1, 4, 1, "wgmma_tma")
+    ticket = render(chain, Config((big, big), "stream", "row", "ticket", "serial")).source
+    block = render(chain, Config((big, big), "stream", "row", "block", "serial")).source
+    assert ticket.count("kept_tile = t;") == 2 and "kept_tile" not in block
+    tile0 = ticket.split("void stage0_tile(")[1].split("void stage1_tile(")[0]
+    mainloop, after = tile0.split("tma_consume<T>(")
+    assert "kept_tile = t;" in mainloop and "volatile u32*>(&kept_tile)" in after
+
+
 def test_a_process_renders_from_the_templates_folder_tuner_home_names_at_each_render(tmp_path, monkeypatch):
     """What lets benchmarks/template_ab.py time a changed template beside the shipped one in one process."""
     import shutil

@@ -250,6 +250,10 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
                      run_counter=None, guard_counter=None)
         entry["staged"] = staged_epilogue(tl, entry["OW"])
         entry["TMA_STORE"] = entry["staged"] and tl.stores_by_tma(entry["OW"], st.n_out)
+        # A tile of a ticket (not a block index, which costs nothing to read again) in a block whose
+        # warpgroups change register counts (never in a fused launch): kept in shared memory
+        # across the mainloop.
+        entry["KEEP_TILE"] = tl.tma and tl.realloc and not tl.persistent and config.dispatch == "ticket"
         entry["tile_template"] = kind_of(st).TILE_TEMPLATE
         entry["consts"] = kind_of(st).template_constants(st)
         if tl.split_k > 1:
