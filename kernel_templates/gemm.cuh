@@ -257,8 +257,9 @@ __device__ __forceinline__ void store_partial(const float (&acc)[T::MI][T::NI][4
              make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]));
 }
 
-// Split-K, the split that arrives last: add the other splits' partial sums into acc. Each split's
-// partials are contiguous, in fragment order (store_partial), so these loads are coalesced.
+// The part of a tile that arrives last (meet_parts): add the partial sums of every slot but `s` into
+// acc. Each slot's partials are contiguous, in fragment order (store_partial), so these loads are
+// coalesced.
 template <class T, int S>
 __device__ __forceinline__ void split_reduce(float (&acc)[T::MI][T::NI][4], const float4* part, int s) {
   constexpr int FR = T::MI * T::NI;
@@ -277,5 +278,40 @@ __device__ __forceinline__ void split_reduce(float (&acc)[T::MI][T::NI][4], cons
       }
     }
   }
+}
+
+// The S parts of one tile (split-K's splits; the two parts of a tile of a split last wave) meet
+// after their MMAs. Each takes an arrival number; every part but the last stores its partial sums
+// in slot `slot` of `part` (store_partial: coalesced, the tail ran ~4x faster than by output
+// element) and posts on `written`; the last waits for those posts and adds every slot but `own`
+// into its own sums, which nobody would read and so never leave its registers. A split-K split
+// stores in its own slot (slot = own = s); a tile of two parts needs one slot, which the first to
+// arrive fills (slot 0, own 1). It waits only on parts that have arrived, so are running: no
+// deadlock. Returns whether this part stores the tile. MMA_ONLY: the MMA warps alone take part
+// (their named barrier, the wait inlined), where the producer has left or moved on
+// (render._after_mainloop). `arrive`, `written`: the tile's counters, raised S and S - 1 times a run.
+template <class T, int S, bool MMA_ONLY>
+__device__ __forceinline__ bool meet_parts(float (&acc)[T::MI][T::NI][4], float4* part, int slot, int own,
+                                           u32* arrive, u32* written, u32 epoch, u32* err) {
+  auto bar = [] {
+    if constexpr (MMA_ONLY) tuner_bar_sync(T::MMA_THREADS);
+    else __syncthreads();
+  };
+  __shared__ u32 arrival;
+  if (threadIdx.x == 0) arrival = atomicAdd(arrive, 1u) - (epoch - 1u) * (u32)S;
+  bar();
+  if (arrival + 1u < (u32)S) {  // every thread reads it before the barrier below, so before it changes
+    store_partial<T>(acc, part, slot);
+    bar();
+    tuner_signal(written);
+    return false;
+  }
+  if (threadIdx.x == 0) {
+    if constexpr (MMA_ONLY) tuner_spin_until_inline(written, epoch * (u32)(S - 1), err);
+    else tuner_spin_until(written, epoch * (u32)(S - 1), err);
+  }
+  bar();
+  split_reduce<T, S>(acc, part, own);
+  return true;
 }
 

@@ -373,32 +373,6 @@ struct PersistentWork {
   }
 };
 
-// A tail tile's part (PersistentWork), after its MMAs: both parts of tail tile i take an arrival
-// number; the first to arrive leaves its partial sums in the tile's workspace slot, in its own
-// threads' fragment order (coalesced), and posts; the second waits for that post, adds them and
-// stores the tile. It waits only on a part that has arrived, so is running: no deadlock, and no
-// order between the two. Returns whether this block stores the tile. `arrive`, `written`: a
-// counter per tail tile, raised twice and once a run; `slots`: a tile's partial sums per tail tile.
-template <class T>
-__device__ __forceinline__ bool tail_fixup(float (&acc)[T::MI][T::NI][4], u32 k0, u32 k1, u32 kc, u32 i,
-                                           float4* slots, u32* arrive, u32* written, u32 epoch, u32* err) {
-  if (k0 == 0 && k1 == kc) return true;  // a whole tile
-  float4* slot = slots + (size_t)i * T::MI * T::NI * T::MMA_THREADS;
-  __shared__ u32 arrival;
-  if (threadIdx.x == 0) arrival = atomicAdd(arrive + i, 1u) - (epoch - 1u) * 2u;
-  tuner_bar_sync(T::MMA_THREADS);
-  if (arrival == 0u) {  // every thread reads it before the barrier below, so before it changes
-    store_partial<T>(acc, slot, 0);
-    tuner_bar_sync(T::MMA_THREADS);
-    tuner_signal(written + i);
-    return false;
-  }
-  if (threadIdx.x == 0) tuner_spin_until_inline(written + i, epoch, err);
-  tuner_bar_sync(T::MMA_THREADS);
-  split_reduce<T, 2>(acc, slot, 1);  // slot 0 of 2: the first part's sums
-  return true;
-}
-
 // Whether this thread issues the copies: the producer warp's first lane.
 template <class T>
 __device__ __forceinline__ bool tma_issuer() { return threadIdx.x == T::MMA_THREADS; }

@@ -268,7 +268,7 @@ def test_a_stage_splitting_its_last_wave_gives_each_block_of_its_grid_a_workspac
     assert tail_split(768, 96, 132) == (108, 80, 5)
     r = render(chain, sk, sms=132)
     stage1 = r.source.split("// ---- stage 1")[1]
-    assert "PersistentWork work(768u, (u32)KC, gridDim.x, tail, split)" in stage1 and "tail_fixup<T>(acc" in stage1
+    assert "PersistentWork work(768u, (u32)KC, gridDim.x, tail, split)" in stage1 and "meet_parts<T, 2, true>(acc" in stage1
     assert r.ws_floats == 132 * 128 * 256 and [l.grid for l in r.launches] == [384, 132]
     # On a device of more SMs it keeps the blocks its workspace was laid out for; of fewer, fewer.
     assert r.launches[1].grid_cap == 132 and device_grid(r.launches[1], 200) == 132
@@ -277,7 +277,7 @@ def test_a_stage_splitting_its_last_wave_gives_each_block_of_its_grid_a_workspac
     small = render(chain, sk, sms=100)
     assert small.ws_floats == 100 * 128 * 256 and small.state_words == r.state_words - 2 * 32
     plain = render(chain, replace(sk, tiles=(t, replace(t, persist=1))), sms=132)
-    assert "tail_fixup<T>(acc" not in plain.source and plain.ws_floats == 1
+    assert "meet_parts<T, 2, true>(acc" not in plain.source and plain.ws_floats == 1
 
 
 def test_a_persistent_transposed_tile_parks_its_epilogue_in_slices_beside_the_ring():

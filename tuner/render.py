@@ -181,13 +181,15 @@ def staged_epilogue(tl: StageTiles, out_cols: int) -> bool:
 
 def _after_mainloop(tl: StageTiles) -> dict[str, str]:
     """Who takes part in a tile's work after its mainloop, as the templates spell it: ``BAR`` their
-    barrier, ``EPI_THREADS`` their count, ``SPIN`` the wait a thread of theirs spins in. Where the
+    barrier, ``EPI_THREADS`` their count, ``SPIN`` the wait a thread of theirs spins in, ``MMA_ONLY``
+    whether they are the MMA warps alone (``meet_parts`` picks its barrier and wait by it). Where the
     producer warpgroup gave its registers up and left (``realloc``), or goes on to the next tile
     (``persistent``), the MMA warps alone, on a named barrier, and the spin inlined (an out-of-line
     copy would have to fit the producer's count)."""
     if tl.realloc or tl.persistent:
-        return dict(BAR="tuner_bar_sync(T::MMA_THREADS)", EPI_THREADS="T::MMA_THREADS", SPIN="tuner_spin_until_inline")
-    return dict(BAR="__syncthreads()", EPI_THREADS="T::THREADS", SPIN="tuner_spin_until")
+        return dict(BAR="tuner_bar_sync(T::MMA_THREADS)", EPI_THREADS="T::MMA_THREADS", SPIN="tuner_spin_until_inline",
+                    MMA_ONLY="true")
+    return dict(BAR="__syncthreads()", EPI_THREADS="T::THREADS", SPIN="tuner_spin_until", MMA_ONLY="false")
 
 
 # Split s's first and last-plus-one K chunks as the kernels compute them (tiling.SPLIT_BEGIN).

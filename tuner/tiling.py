@@ -178,7 +178,7 @@ class StageTiles:
         tiles past the last whole wave are each cut at one common K chunk (:data:`TAIL_SPLIT`),
         their first parts computed by as many blocks, the rests shared by the blocks the wave
         leaves free, so those SMs do not idle through it; the two parts of a tile are summed through
-        the workspace (``PersistentWork`` and ``tail_fixup`` in ``wgmma.cuh``). Every part of the
+        the workspace (``PersistentWork`` in ``wgmma.cuh``, ``meet_parts`` in ``gemm.cuh``). Every part of the
         wave covers the same K range as the others of its kind, so the wave reads its operands from
         L2 together as whole tiles do (stream-K's even shares, cut anywhere, did not: 1.2-2x
         slower, studies/README.md)."""
