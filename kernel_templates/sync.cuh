@@ -82,6 +82,16 @@ __device__ __forceinline__ void tuner_post(u32* p) {
 __device__ __forceinline__ void tuner_bar_sync(int threads) {
   asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
 }
+// The 128 threads of this thread's warpgroup, one of the block's first four: named barrier 2 + its
+// index (1 is tuner_bar_sync's), each an immediate so that ptxas counts only those used.
+__device__ __forceinline__ void warpgroup_bar_sync() {
+  switch (threadIdx.x / 128) {
+    case 0: asm volatile("bar.sync 2, 128;" ::: "memory"); break;
+    case 1: asm volatile("bar.sync 3, 128;" ::: "memory"); break;
+    case 2: asm volatile("bar.sync 4, 128;" ::: "memory"); break;
+    default: asm volatile("bar.sync 5, 128;" ::: "memory"); break;
+  }
+}
 
 // A ticket counted from 0 in every run: the counter gains `per_run` tickets per run.
 __device__ __forceinline__ u32 tuner_ticket(u32* counter, u32 epoch, u32 per_run) {

@@ -330,10 +330,12 @@ struct TmaRing {
 };
 
 // ---- Stores through the TMA: a persistent block's epilogue parks its output tile in shared memory
-// as the loads' boxes lie (64 halves a row, 16-byte chunk c of row r at c ^ (r % 8), box b of the
-// tile's columns BM rows apart), and one thread hands each box to the copy engine. The MMA warps
-// go on to the next tile at once; only the next epilogue waits for the engine to have read the
-// slice (wait_group.read), and a block's last tile before it leaves.
+// as the loads' boxes lie (64 halves a row, 16-byte chunk c of row r at c ^ (r % 8), the boxes of
+// a slice BM rows apart), and one thread hands each box to the copy engine. The MMA warps go on at
+// once; only the next parking in the same slice waits for the engine to have read it
+// (wait_group.read), and a block's last tile before it leaves. A slice holds boxes of ROWS rows;
+// where a tile parks one box of each warp column's share in each of R rounds (tiling's
+// tma_store_layout), box b of the tile lies in slot b / R.
 
 // A 1024-aligned slice past the ring's barriers, in the room StageTiles.persistent_epilogue_bytes
 // gives (it pads every row by 16 bytes, which covers the alignment for BM >= 64).
@@ -342,17 +344,25 @@ __device__ __forceinline__ half_t* tma_store_slice(half_t* smem_in) {
   return reinterpret_cast<half_t*>(align_1024(TmaRing<T>::epilogue(smem_in)));
 }
 // Where output element (r, c) of the tile lies in the parked slice (in halves).
-template <class T>
+template <int ROWS, int R>
 __device__ __forceinline__ int tma_store_index(int r, int c) {
-  return (c / 64) * (T::BM * 64) + r * 64 + ((((c % 64) / 8) ^ (r % 8)) * 8) + c % 8;
+  return (c / 64 / R) * (ROWS * 64) + r * 64 + ((((c % 64) / 8) ^ (r % 8)) * 8) + c % 8;
+}
+// Four 8x8 blocks of halves from a warp's registers, each transposed: lane L gives the address of
+// row L % 8 of block L / 8 (16 bytes), v[q] this thread's pair of block q.
+__device__ __forceinline__ void stmatrix_x4_trans(u32 addr, const u32 (&v)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
+               ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]) : "memory");
 }
 __device__ __forceinline__ void tma_store_2d(const void* map, u32 src, int inner, int outer) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
                ::"l"(map), "r"(src), "r"(inner), "r"(outer) : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-// This thread's committed bulk stores have read their shared memory (the slice may be written again).
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+// This thread's committed bulk stores, all but the newest N groups, have read their shared memory
+// (their slices may be written again).
+template <int N = 0>
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory"); }
 
 // ---- A persistent block's work: whole tiles b, b + G, ... (b its block, G the grid) below `whole`,
 // then, where the partial last wave is split along K (tiling.TAIL_SPLIT: `tail` tiles past the last

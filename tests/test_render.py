@@ -11,7 +11,7 @@ from tuner.config import Config, StageTiles
 from tuner.paths import home
 from tuner.render import device_grid, render
 from tuner.workloads import get_workload
-from tuner.tiling import tail_split
+from tuner.tiling import StoreLayout, tail_split
 
 CHAIN = get_workload("gpt3").chain(tokens=64)
 
@@ -286,9 +286,28 @@ def test_a_persistent_transposed_tile_parks_its_epilogue_in_slices_beside_the_ri
     cfg = Config((replace(t, persist=1), t), "stream", "row", "block", "serial")
     r = render(chain, cfg)
     stage0, stage1 = r.source.split("// ---- stage 1")
-    assert "SR = 64" in stage0 and "TmaRing<T>::epilogue(smem)" in stage0
+    # 160 rows are no whole number of 64-row slices for the TMA: fp32 slices, stored by the threads.
+    assert "SR = 64" in stage0 and "TmaRing<T>::epilogue(smem)" in stage0 and "tma_store_2d(tmaps" not in stage0
     assert "SR = 160" in stage1 and "TmaRing<T>::epilogue" not in stage1
     assert [l.smem for l in r.launches] == [t.smem_bytes() + 64 * 132 * 4, t.smem_bytes()]
+
+
+def test_a_persistent_transposed_tile_of_whole_slices_stores_them_through_the_tma_by_stmatrix():
+    chain = get_workload("gpt3").chain(tokens=2048)
+    t = StageTiles(256, 128, 64, 1, 2, 4, 1, "wgmma_tma_t", persist=1)
+    assert t.tma_store_layout(128) == StoreLayout(rounds=4, box_rows=64, boxes=2)
+    r = render(chain, Config((t, t), "stream", "row", "block", "serial"))
+    stage0 = r.source.split("// ---- stage 1")[0]
+    # Rows 64 at a time, of both warpgroups' boxes, through two 16 KiB slices beside the ring:
+    # 4 ring slots still fit, as with fp32 slices.
+    assert "constexpr int R = 4, SR = 64, BOXES = 2, SLICES = 2;" in stage0 and "stmatrix_x4_trans(" in stage0
+    # Each warpgroup parks its own 64 columns, syncs alone and stores them from its first thread.
+    assert "tma_store_2d(tmaps + 32, smem_u32(so + w * SR * 64), n0 + w * 64, m0 + r * SR);" in stage0
+    assert stage0.count("warpgroup_bar_sync();") == 2 and "if (threadIdx.x % 128 == 0) bulk_wait_read<SLICES - 1>();" in stage0
+    assert [(m.operand, m.box_rows) for m in r.tensor_maps][2] == ("y0", 64)
+    assert r.launches[0].smem == t.ring_bytes() + 1024 + 16 * 4 + 1024 + 2 * 2 * 64 * 128 <= 227 * 1024
+    # Folded pairs (SwiGLU's gate and up) lie in other threads' registers: those stay on fp32 slices.
+    assert not t.stores_by_tma(64, 3584) and t.stores_by_tma(128, 12288)
 
 
 def test_a_persistent_tile_stages_its_epilogue_beside_the_ring_and_waits_before_parking_again():
@@ -310,9 +329,28 @@ def test_a_persistent_tile_of_whole_64_column_boxes_stores_its_epilogue_through_
     assert [(m.operand, m.rows, m.cols, m.box_rows) for m in r.tensor_maps] == [
         ("x", 2048, 8192, 128), ("w0", 7168, 8192, 128), ("y0", 2048, 3584, 128),
         ("y0", 2048, 3584, 128), ("w1", 8192, 3584, 128)]
-    assert stage0.count("tma_store_2d(tmaps + 32,") == 1 and "n0 / 2 + b * 64" in stage0
-    # Thread 0 waits for the engine to have read the slice before it is parked again, and the
-    # block's last tile before it leaves; the one-tile-a-block stage stores as before.
-    assert stage0.count("if (threadIdx.x == 0) bulk_wait_read();") == 2 and "tma_store_2d(" not in stage1
+    assert stage0.count("tma_store_2d(tmaps + 32,") == 1 and "n0 / 2 + (b * R + r) * 64" in stage0
+    # One round (a warp column's 64 stored columns are one box): thread 0 waits for the engine to
+    # have read the slice before it is parked again, and the block's last tile before it leaves;
+    # the one-tile-a-block stage stores as before.
+    assert "constexpr int R = 1," in stage0 and "tma_store_2d(" not in stage1
+    assert "bulk_wait_read<SLICES - 1>();" in stage0 and "if (threadIdx.x == 0) bulk_wait_read();" in stage0
     ring = t.ring_bytes() + 1024 + 16 * 4
-    assert [l.smem for l in r.launches] == [ring + 128 * (64 + 8) * 2, ring]
+    assert [l.smem for l in r.launches] == [ring + 1024 + 128 * 64 * 2, ring]  # one slice, aligned to 1024 bytes
+
+def test_a_persistent_tile_whose_warp_columns_store_several_boxes_parks_them_a_round_at_a_time():
+    chain = get_workload("gpt3").chain(tokens=2048)  # gemm2: 12288 stored columns, nothing folded
+    t = StageTiles(128, 256, 64, 2, 1, 4, 1, "wgmma_tma", persist=1)
+    assert t.stores_by_tma(256, 12288) and t.tma_store_layout(256) == StoreLayout(rounds=4, box_rows=128, boxes=1)
+    # Two slices of one 128-row box take turns: the ring keeps a fourth slot that the whole
+    # 128 x 256 tile (64 KiB beside it) would not leave room for.
+    ring = t.ring_bytes() + 1024 + 16 * 4
+    assert t.smem_bytes(256, 12288) == ring + 1024 + 2 * 128 * 64 * 2 <= 227 * 1024 < ring + 128 * (256 + 8) * 2
+    r = render(chain, Config((replace(t, persist=0), t), "stream", "row", "block", "serial"))
+    stage1 = r.source.split("// ---- stage 1")[1]
+    assert "constexpr int R = 4," in stage1 and "if (j * 8 / 1 / 64 % R != r) return;" in stage1
+    assert r.launches[1].smem == t.smem_bytes(256, 12288)
+    # Two warp columns of 128 stored columns each: two rounds, each parking one box of both.
+    assert replace(t, bm=64, wm=1, wn=2).tma_store_layout(256) == StoreLayout(rounds=2, box_rows=64, boxes=2)
+    # A share of one box, or of columns that are not whole boxes, parks the whole tile at once.
+    assert replace(t, bn=128, wm=1, wn=2).tma_store_layout(128).rounds == 1 == t.tma_store_layout(96).rounds

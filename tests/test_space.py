@@ -43,6 +43,24 @@ def tiny_chain():
     return get_workload("gpt3").chain(tokens=16, hidden=256, ffn=128)
 
 
+def parked_bytes(t: StageTiles, st) -> int:
+    """What a persistent tile's epilogue parks beside the ring, written out case by case."""
+    out = t.bn // st.fold
+    boxes_ok = out % 64 == 0 and st.n_out % 8 == 0
+    if t.mma == "wgmma_tma_t":
+        rows = min(t.bm, 64)
+        if boxes_ok and out == t.bn and rows % 16 == 0 and t.bm % rows == 0:
+            # by stmatrix for the TMA: 64 rows of every column at a time, two slices if the tile has more
+            return 1024 + (2 if t.bm > rows else 1) * t.bn * rows * 2
+        return rows * (t.bn + 4) * 4  # fp32 rows, padded by 4 floats
+    if boxes_ok:
+        share = out // t.wn  # one 64-column box of each warp column's share a round, two slices by turns
+        if out % t.wn == 0 and share % 64 == 0 and share >= 128:
+            return 1024 + 2 * t.wn * 64 * t.bm * 2
+        return 1024 + t.bm * out * 2  # the whole tile in one round
+    return t.bm * (out + 8) * 2 * (out % 8 == 0)  # halves, rows padded by 8
+
+
 def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, max_regs: int,
                        max_cluster: int = 8) -> bool:
     """The constraints restated from their definitions, independently of the solver."""
@@ -85,7 +103,7 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
                     or threads > max_threads or t.bm // 2 > max_regs
                     or t.bm // 2 + 56 > (232 if shift else 65536 // (-(-threads // 128) * 128))
                     or t.stages * (t.bm + t.bn) * 2 * t.bk + 1024 + 16 * t.stages
-                    + (t.persist > 0) * min(t.bm, 64) * (t.bn + 4) * 4 > dev.smem_per_block
+                    + (t.persist > 0) * parked_bytes(t, st) > dev.smem_per_block
                     or t.bm > max(8, -(-st.m // 8) * 8) or t.bn > n_cap or t.split_k > kc):
                 return False
             continue
@@ -100,9 +118,9 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
                     or threads > max_threads or wgn // 2 > max_regs
                     # registers come per warpgroup: 65536 over the threads rounded up to 128, less 56 others
                     or wgn // 2 + 56 > (232 if shift else 65536 // (-(-threads // 128) * 128))
-                    # a persistent tile parks its output (halves, rows padded by 8) beside the ring
+                    # a persistent tile parks its output beside the ring
                     or t.stages * (t.bm + t.bn) * 2 * t.bk + 1024 + 16 * t.stages * (t.mma == "wgmma_tma")
-                    + (t.persist > 0) * t.bm * (t.bn // st.fold + 8) * 2 * (t.bn // st.fold % 8 == 0) > dev.smem_per_block
+                    + (t.persist > 0) * parked_bytes(t, st) > dev.smem_per_block
                     or t.bm > max(64, m_cap) or t.bn > n_cap or t.split_k > kc):  # splits share the chunks evenly
                 return False
             continue

@@ -252,6 +252,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
                      run_counter=None, guard_counter=None)
         entry["staged"] = staged_epilogue(tl, entry["OW"])
         entry["TMA_STORE"] = entry["staged"] and tl.stores_by_tma(entry["OW"], st.n_out)
+        entry["store"] = tl.tma_store_layout(entry["OW"]) if entry["TMA_STORE"] else None
         # A tile of a ticket (not a block index, which costs nothing to read again) in a block whose
         # warpgroups change register counts (never in a fused launch): kept in shared memory
         # across the mainloop.
@@ -269,9 +270,9 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
             entry["tma_a"], entry["tma_b"] = 16 * len(maps), 16 * (len(maps) + 1)
             maps += [TensorMap(len(maps), a_name, st.m, st.k, a_rows(st.m, tl.bm)),
                      TensorMap(len(maps) + 1, f"w{i}", st.n, st.k, tl.bn)]
-        if entry["TMA_STORE"]:  # the output, stored a box of BM rows by 64 columns at a time
+        if entry["TMA_STORE"]:  # the output, stored a box of the layout's rows by 64 columns at a time
             entry["tma_c"] = 16 * len(maps)
-            maps.append(TensorMap(len(maps), f"y{i}", st.m, st.n_out, tl.bm))
+            maps.append(TensorMap(len(maps), f"y{i}", st.m, st.n_out, entry["store"].box_rows))
         entry["TAIL_SPLIT"] = tl.tail_split
         if tl.tail_split:
             # Per tile of the split wave (fewer than the grid's blocks): the first part's partial

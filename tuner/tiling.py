@@ -84,6 +84,26 @@ def next_pow2(x: int) -> int:
 
 
 @dataclass(frozen=True)
+class StoreLayout:
+    """A TMA-stored epilogue's parking (:meth:`StageTiles.tma_store_layout`): ``rounds`` a tile,
+    each parking ``boxes`` boxes of ``box_rows`` rows by 64 columns in one slice; two slices take
+    turns where there are several rounds."""
+
+    rounds: int
+    box_rows: int
+    boxes: int
+
+    @property
+    def slices(self) -> int:
+        return 2 if self.rounds > 1 else 1
+
+    @property
+    def bytes(self) -> int:
+        """The slices' shared memory (halves, 64 a box row)."""
+        return self.slices * self.boxes * self.box_rows * 64 * 2
+
+
+@dataclass(frozen=True)
 class StageTiles:
     """Tiling of one GEMM stage: block tile, warp grid, pipeline depth, split-K, MMA instruction
     and thread-block cluster.
@@ -189,39 +209,64 @@ class StageTiles:
         a persistent stage launches."""
         return whole_clusters(sms, self.cluster)
 
-    def smem_bytes(self, out_cols: int | None = None) -> int:
+    def smem_bytes(self, out_cols: int | None = None, n_out: int | None = None) -> int:
         """Shared memory of a block: the ring, plus for wgmma 1 KiB of alignment slack and, when the
         TMA fills the ring, two 8-byte mbarriers (full, empty) per slot; a persistent tile adds what
         its epilogue parks its output in (the ring is busy with the next tile by then), for
-        ``out_cols`` stored columns (default BN)."""
+        ``out_cols`` stored columns (default BN) of an output ``n_out`` halves wide."""
         if self.warpgroup:
             return (self.ring_bytes() + 1024 + (16 * self.stages if self.tma else 0)
-                    + self.persistent_epilogue_bytes(self.bn if out_cols is None else out_cols))
+                    + self.persistent_epilogue_bytes(self.bn if out_cols is None else out_cols, n_out))
         return self.ring_bytes()
 
     # Rows of a transposed tile that a persistent block parks at a time for its epilogue.
     SLICE_ROWS = 64
 
-    def persistent_epilogue_bytes(self, out_cols: int) -> int:
-        """Shared memory beside the ring that a persistent tile parks its output in: a transposed
-        tile's fp32 rows of :attr:`transposed_pitch`, :data:`SLICE_ROWS` (or BM, if fewer) at a
-        time; any other tile's whole output as halves, ``out_cols`` wide and padded by 8, when
-        it stores 16-byte pieces (else it stores from its registers and parks nothing). Parked
-        for a TMA store (:meth:`stores_by_tma`), the rows are not padded but the slice starts at
-        the next 1024 bytes, which the padding's BM x 16 bytes cover."""
+    def persistent_epilogue_bytes(self, out_cols: int, n_out: int | None = None) -> int:
+        """Shared memory beside the ring that a persistent tile parks its output in: stored through
+        the TMA (:meth:`stores_by_tma`, given ``n_out``), the slices of :meth:`tma_store_layout`
+        and 1024 bytes to align the first; else a transposed tile's fp32 rows of
+        :attr:`transposed_pitch`, :data:`SLICE_ROWS` (or BM, if fewer) at a time, and any other
+        tile's whole output as halves, ``out_cols`` wide and padded by 8, when it stores 16-byte
+        pieces (else it stores from its registers and parks nothing)."""
         if not self.persistent:
             return 0
+        if n_out is not None and self.stores_by_tma(out_cols, n_out):
+            return 1024 + self.tma_store_layout(out_cols).bytes
         if self.transposed:
             return min(self.bm, self.SLICE_ROWS) * self.transposed_pitch * 4
         return self.bm * (out_cols + 8) * 2 if out_cols % 8 == 0 else 0
 
     def stores_by_tma(self, out_cols: int, n_out: int) -> bool:
         """Whether a persistent tile's epilogue leaves through the TMA: parked in the loads' box
-        layout (64-column boxes, 128-byte swizzle), then stored by the copy engine while the MMA
-        warps go on to the next tile. A transposed tile parks fp32 slices instead; the boxes need
-        ``out_cols`` (the tile's stored columns) in whole boxes and an output row pitch
-        (``n_out`` halves) of whole 16 bytes."""
-        return self.persistent and not self.transposed and out_cols % 64 == 0 and n_out % 8 == 0
+        layout (64-column boxes, 128-byte swizzle; :meth:`tma_store_layout`), then stored by the
+        copy engine while the MMA warps go on. The boxes need ``out_cols`` (the tile's stored
+        columns) in whole boxes and an output row pitch (``n_out`` halves) of whole 16 bytes; a
+        transposed tile (parked by stmatrix, 16 rows at a time) its every column stored (no
+        folded pairs, which lie in other threads) and its rows in whole slices of 16 rows or more."""
+        if not self.persistent or out_cols % 64 or n_out % 8:
+            return False
+        if self.transposed:
+            rows = min(self.bm, self.SLICE_ROWS)
+            return out_cols == self.bn and rows % 16 == 0 and self.bm % rows == 0
+        return True
+
+    def tma_store_layout(self, out_cols: int) -> "StoreLayout":
+        """How a TMA-stored epilogue (:meth:`stores_by_tma`) parks a tile of ``out_cols`` stored
+        columns, in rounds through slices that take turns: a slice is parked again once the copy of
+        two rounds back has read it, while the one just issued may still read the other.
+
+        A transposed tile parks :data:`SLICE_ROWS` rows (or BM) of every column a round. Any other
+        tile, where each warp column's share of the columns is two 64-column boxes or more, parks
+        one box of each share a round, so that the epilogue needs two boxes' room where the whole
+        tile would need all of them (128x256 tiles then keep a fourth ring slot); else it parks the
+        whole tile in one round."""
+        if self.transposed:
+            rows = min(self.bm, self.SLICE_ROWS)
+            return StoreLayout(rounds=self.bm // rows, box_rows=rows, boxes=out_cols // 64)
+        share = out_cols // self.wn
+        rounds = share // 64 if out_cols % self.wn == 0 and share % 64 == 0 and share >= 128 else 1
+        return StoreLayout(rounds=rounds, box_rows=self.bm, boxes=out_cols // 64 // rounds)
 
     @property
     def transposed_pitch(self) -> int:

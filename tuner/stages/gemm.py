@@ -78,7 +78,7 @@ def tiling_problem(grid: "StageGrid") -> str | None:
 def smem_bytes(grid: "StageGrid") -> int:
     """Shared memory of a block: the tiling's ring of A and B slabs (and, for persistent blocks, the
     epilogue's output, whose stored width the stage's epilogue sets)."""
-    return grid.tiles.smem_bytes(grid.tiles.bn // grid.stage.fold)
+    return grid.tiles.smem_bytes(grid.tiles.bn // grid.stage.fold, grid.stage.n_out)
 
 
 def partial_floats(grid: "StageGrid") -> int:
