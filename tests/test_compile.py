@@ -56,6 +56,20 @@ extern "C" __global__ void __launch_bounds__(1024, 2) press(const float* __restr
 }
 '''
 
+# An array indexed by values known only at run time: no spill, but the array lives in a stack frame.
+LOCAL_ARRAY = r'''
+extern "C" __global__ void pick(const float* __restrict__ x, float* y, int k) {
+  float v[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) v[i] = x[threadIdx.x + i * 32];
+  v[k % 64] += 1.0f;
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc += v[i] * v[(i * 7 + k) % 64];
+  y[threadIdx.x] = acc;
+}
+'''
+
 BROKEN = 'extern "C" __global__ void broken(float* x) { x[0] = 1.0f }\n'
 
 # ptxas -v output of a two-stream chain (NVRTC 13.5, sm_90) followed by the spilling kernel above.
@@ -129,6 +143,13 @@ def test_sm90a_is_accepted_and_a_non_sm_target_is_refused(cache):
 def test_a_spilling_kernel_reports_its_spills(cache):
     mod = tc.compile_source(SPILL, cache_dir=cache)
     assert mod.spills and mod.kernels["press"]["spill_stores"] > 0 and mod.kernels["press"]["stack"] > 0
+
+
+@nvrtc
+def test_an_array_in_local_memory_counts_as_a_spill(cache):
+    mod = tc.compile_source(LOCAL_ARRAY, cache_dir=cache)
+    k = mod.kernels["pick"]
+    assert k["spill_stores"] == k["spill_loads"] == 0 and k["stack"] > 0 and mod.spills
 
 
 @nvrtc

@@ -81,8 +81,11 @@ class CompiledModule:
 
     @property
     def spills(self) -> bool:
-        """Whether any kernel spills registers to local memory."""
-        return any(k.get("spill_stores", 0) or k.get("spill_loads", 0) for k in self.kernels.values())
+        """Whether any kernel spills registers to local memory, or keeps a stack frame there (an
+        array indexed by values unknown at compile time, the accumulators of a loop left rolled,
+        which ptxas does not count as spills but which costs as much)."""
+        return any(k.get("spill_stores", 0) or k.get("spill_loads", 0) or k.get("stack", 0)
+                   for k in self.kernels.values())
 
 
 def _nvrtc() -> Any:
