@@ -121,8 +121,9 @@ def reallocated(chain: Chain) -> list[Config]:
 def persistent(chain: Chain, sms: int) -> list[Config]:
     """TMA configs whose stages run persistent blocks on a device of ``sms`` SMs, each block looping
     over several tiles: under both stream-ordered launches and both orders, cycling through the
-    plain tile, the transposed tile (160 rows where M has them: its epilogue parks 64, 64 and 32
-    rows), a 2x1 cluster where the tile grid divides and the two-warpgroup
+    plain tile, the transposed tile (where M has the rows, of 160 rows, whose epilogue parks fp32
+    rows 64, 64 and 32 at a time, and of 128, parked by stmatrix for the TMA in two rounds), a
+    2x1 cluster where the tile grid divides and the two-warpgroup
     tile that moves registers where the chain is wide enough; each also with its partial last
     wave split along K where the space allows it. A stage with no more tiles than
     ``sms`` keeps one tile per block. Empty for chains of other stage kinds."""
@@ -136,12 +137,13 @@ def persistent(chain: Chain, sms: int) -> list[Config]:
     for i, (p, o, d, l) in enumerate(c for c in combos() if c[2] == "block" and c[3] in ("serial", "pdl")):
         variant = i % 4 if i % 4 < 3 or wide else 0
         tiles = list(tiles_for(chain, mma="wgmma_tma_t" if variant == 1 else "wgmma_tma"))
-        if variant == 1 and chain.stages[0].m >= 160:  # rows parked in slices of 64, the last one partial
-            tiles = [replace(t, bm=160) for t in tiles]
+        tilings = [tiles]
+        if variant == 1 and chain.stages[0].m >= 160:
+            tilings = [[replace(t, bm=bm) for t in tiles] for bm in (160, 128)]
         if variant == 3:
             # three slots: four and the output parked beside them pass the shared memory
-            tiles = [StageTiles(128, 256, 64, 2, 1, 3, 1, "wgmma_tma") for _ in chain.stages]
-        for persist in (1, 2):  # 2: the last wave split along K, where the space allows it
+            tilings = [[StageTiles(128, 256, 64, 2, 1, 3, 1, "wgmma_tma") for _ in chain.stages]]
+        for tiles, persist in ((t, q) for t in tilings for q in (1, 2)):  # 2: the last wave split along K, where the space allows it
             chosen = []
             for st, t in zip(chain.stages, tiles):
                 t = replace(t, persist=persist)
