@@ -331,14 +331,14 @@ struct TmaRing {
 
 // ---- Stores through the TMA: a persistent block's epilogue parks its output tile in shared memory
 // as the loads' boxes lie (64 halves a row, 16-byte chunk c of row r at c ^ (r % 8), the boxes of
-// a slice BM rows apart), and one thread hands each box to the copy engine. The MMA warps go on at
-// once; only the next parking in the same slice waits for the engine to have read it
-// (wait_group.read), and a block's last tile before it leaves. A slice holds boxes of ROWS rows;
-// where a tile parks one box of each warp column's share in each of R rounds (tiling's
-// tma_store_layout), box b of the tile lies in slot b / R.
+// a slice ROWS rows apart), and one thread (of the block, or of each warpgroup of a transposed
+// tile) hands its boxes to the copy engine. The MMA warps go on at once; only the next parking in
+// the same slice waits for the engine to have read it (wait_group.read), and a block's last tile
+// before it leaves. Where a tile parks one box of each warp column's share in each of R rounds
+// (tiling's tma_store_layout), box b of the tile lies in slot b / R of its round's slice.
 
-// A 1024-aligned slice past the ring's barriers, in the room StageTiles.persistent_epilogue_bytes
-// gives (it pads every row by 16 bytes, which covers the alignment for BM >= 64).
+// The first slice: 1024-aligned past the ring's barriers, in the room
+// StageTiles.persistent_epilogue_bytes gives (the slices and 1024 bytes for the alignment).
 template <class T>
 __device__ __forceinline__ half_t* tma_store_slice(half_t* smem_in) {
   return reinterpret_cast<half_t*>(align_1024(TmaRing<T>::epilogue(smem_in)));
