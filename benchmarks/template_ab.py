@@ -11,7 +11,10 @@ kernel templates and from each variant's, verified, then timed side by side in i
 Each ``--config`` picks a recorded config as ``profile_config.py`` does (the one ranked RANK,
 default 0, among the measured configs whose label contains LABEL). Every source is checked
 against the float32 reference on fresh inputs before it is timed; one that fails is reported,
-not timed. The rounds interleave every source of a config after idle (the H200's clock drops
+not timed. With ``--timing-only``, the variant folders' sources are timed without that check,
+for experiments that take work out to see what it costs (a variant whose epilogue skips its
+stores answers wrongly by design); their lines say "unverified", and such figures are never
+results. The rounds interleave every source of a config after idle (the H200's clock drops
 under sustained load), in CUDA graphs with ``--graphs``. Prints the median of rounds of each
 source and its ratio to this checkout's (below 1: the variant is faster); with ``--library``, the
 library's chain of the same shape (bench's baselines) too. GPU only.
@@ -109,7 +112,12 @@ def main() -> int:
                     help="time the library's chain of the same shape in the same rounds too (cuBLAS through "
                          "CuPy, PyTorch's variants, as bench's baselines)")
     also_arguments(ap)
+    ap.add_argument("--timing-only", action="store_true",
+                    help="time the variant folders' sources without checking their results (experiments that "
+                         "take work out by design; printed as unverified, never results)")
     args = ap.parse_args()
+    if args.timing_only and not args.variants:
+        raise SystemExit("--timing-only applies to variant folders; give one (a folder holding kernel_templates/)")
     homes = variant_homes(args.variants)
     targets = picked_configs(args.config)
 
@@ -120,9 +128,9 @@ def main() -> int:
         chain = chain_from_label(rec.label)
         timers, failed = {}, {}
 
-        def ready(name: str, cfg) -> None:
+        def ready(name: str, cfg, verify: bool = True) -> None:
             """Renders, compiles and verifies ``cfg`` as source ``name``: its timer, or why it failed."""
-            runner, why = gpu.ready(chain, cfg, args.graphs)
+            runner, why = gpu.ready(chain, cfg, args.graphs, verify=verify)
             if why:
                 failed[name] = why
             else:
@@ -130,7 +138,7 @@ def main() -> int:
 
         for name, root in homes.items():
             os.environ["TUNER_HOME"] = str(root)  # the renderer reads its templates from here
-            ready(name, rec.config)
+            ready(name, rec.config, verify=not (args.timing_only and name != "this checkout"))
         os.environ["TUNER_HOME"] = str(homes["this checkout"])
         names = list(homes)
         for change in args.also:
@@ -157,7 +165,8 @@ def main() -> int:
                 print(f"  {name:>16}: not timed")
                 continue
             us = median(got[name])
-            print(f"  {name:>16}: {us:8.2f} us" + (f"  x{us / base:.3f}" if base else ""))
+            unverified = "  (unverified: timing only)" if args.timing_only and name in homes and name != "this checkout" else ""
+            print(f"  {name:>16}: {us:8.2f} us" + (f"  x{us / base:.3f}" if base else "") + unverified)
     return 0
 
 

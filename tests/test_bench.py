@@ -311,6 +311,14 @@ def test_the_template_ab_script_refuses_a_variant_without_kernel_templates_in_on
         f"{tmp_path}: no kernel_templates/ folder in it (a variant holds a copy of kernel_templates/)"]
 
 
+def test_the_template_ab_script_refuses_timing_only_without_a_variant_in_one_line(run_benchmark):
+    done = run_benchmark("template_ab.py", "--timing-only", "--config", "studies/recheck/gpt3-256.measurements.json",
+                         "gpt3.gemm2/tokens=256")
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        "--timing-only applies to variant folders; give one (a folder holding kernel_templates/)"]
+
+
 @pytest.mark.parametrize("script", ["template_ab.py", "sass_stats.py"])
 def test_the_variant_scripts_refuse_a_config_the_recording_lacks_in_one_line(script, tmp_path, run_benchmark):
     (tmp_path / "kernel_templates").mkdir()
