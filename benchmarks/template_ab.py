@@ -119,6 +119,7 @@ def main() -> int:
     if args.timing_only and not args.variants:
         raise SystemExit("--timing-only applies to variant folders; give one (a folder holding kernel_templates/)")
     homes = variant_homes(args.variants)
+    unverified = {name for name in homes if name != "this checkout"} if args.timing_only else set()
     targets = picked_configs(args.config)
 
     from tuner.backends.gpu import GpuBackend
@@ -138,7 +139,7 @@ def main() -> int:
 
         for name, root in homes.items():
             os.environ["TUNER_HOME"] = str(root)  # the renderer reads its templates from here
-            ready(name, rec.config, verify=not (args.timing_only and name != "this checkout"))
+            ready(name, rec.config, verify=name not in unverified)
         os.environ["TUNER_HOME"] = str(homes["this checkout"])
         names = list(homes)
         for change in args.also:
@@ -165,8 +166,8 @@ def main() -> int:
                 print(f"  {name:>16}: not timed")
                 continue
             us = median(got[name])
-            unverified = "  (unverified: timing only)" if args.timing_only and name in homes and name != "this checkout" else ""
-            print(f"  {name:>16}: {us:8.2f} us" + (f"  x{us / base:.3f}" if base else "") + unverified)
+            print(f"  {name:>16}: {us:8.2f} us" + (f"  x{us / base:.3f}" if base else "")
+                  + ("  (unverified: timing only)" if name in unverified else ""))
     return 0
 
 

@@ -243,7 +243,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
                      **order_env(g), KS=g.ks, KC=g.kc, blocks=g.blocks, threads=tl.threads,
                      BM=tl.bm, BN=tl.bn, BK=tl.bk, WM=tl.wm, WN=tl.wn, STAGES=tl.stages, MMA=tl.mma, CLUSTER=tl.cluster,
                      TMA=tl.tma, TRANSPOSED=tl.transposed, T_PITCH=tl.transposed_pitch, REALLOC=tl.realloc,
-                     PERSIST=tl.persistent, SLICE_ROWS=min(tl.bm, tl.SLICE_ROWS) if tl.persistent else tl.bm,
+                     PERSIST=tl.persistent, SLICE_ROWS=tl.slice_rows if tl.persistent else tl.bm,
                      PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, **_after_mainloop(tl),
                      A_ROWS=a_rows(st.m, tl.bm), OW=tl.bn // st.fold, epi=get_epilogue(st.epilogue),
                      a_arg=kind_of(st).a_arg(st),
@@ -253,6 +253,10 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
         entry["staged"] = staged_epilogue(tl, entry["OW"])
         entry["TMA_STORE"] = entry["staged"] and tl.stores_by_tma(entry["OW"], st.n_out)
         entry["store"] = tl.tma_store_layout(entry["OW"]) if entry["TMA_STORE"] else None
+        # Who stores a TMA-stored epilogue's boxes, and the barrier they wait at: in a transposed
+        # tile each warpgroup its own 64 columns, synced alone; else thread 0, after the MMA warps.
+        entry["STORE_LEAD"], entry["STORE_BAR"] = (("threadIdx.x % 128 == 0", "warpgroup_bar_sync()") if tl.transposed
+                                                   else ("threadIdx.x == 0", entry["BAR"]))
         # A tile of a ticket (not a block index, which costs nothing to read again) in a block whose
         # warpgroups change register counts (never in a fused launch): kept in shared memory
         # across the mainloop.

@@ -222,6 +222,11 @@ class StageTiles:
     # Rows of a transposed tile that a persistent block parks at a time for its epilogue.
     SLICE_ROWS = 64
 
+    @property
+    def slice_rows(self) -> int:
+        """Rows of a persistent transposed tile parked at a time: :data:`SLICE_ROWS`, or BM if fewer."""
+        return min(self.bm, self.SLICE_ROWS)
+
     def persistent_epilogue_bytes(self, out_cols: int, n_out: int | None = None) -> int:
         """Shared memory beside the ring that a persistent tile parks its output in: stored through
         the TMA (:meth:`stores_by_tma`, given ``n_out``), the slices of :meth:`tma_store_layout`
@@ -234,7 +239,7 @@ class StageTiles:
         if n_out is not None and self.stores_by_tma(out_cols, n_out):
             return 1024 + self.tma_store_layout(out_cols).bytes
         if self.transposed:
-            return min(self.bm, self.SLICE_ROWS) * self.transposed_pitch * 4
+            return self.slice_rows * self.transposed_pitch * 4
         return self.bm * (out_cols + 8) * 2 if out_cols % 8 == 0 else 0
 
     def stores_by_tma(self, out_cols: int, n_out: int) -> bool:
@@ -247,8 +252,7 @@ class StageTiles:
         if not self.persistent or out_cols % 64 or n_out % 8:
             return False
         if self.transposed:
-            rows = min(self.bm, self.SLICE_ROWS)
-            return out_cols == self.bn and rows % 16 == 0 and self.bm % rows == 0
+            return out_cols == self.bn and self.slice_rows % 16 == 0 and self.bm % self.slice_rows == 0
         return True
 
     def tma_store_layout(self, out_cols: int) -> "StoreLayout":
@@ -262,8 +266,7 @@ class StageTiles:
         tile would need all of them (128x256 tiles then keep a fourth ring slot); else it parks the
         whole tile in one round."""
         if self.transposed:
-            rows = min(self.bm, self.SLICE_ROWS)
-            return StoreLayout(rounds=self.bm // rows, box_rows=rows, boxes=out_cols // 64)
+            return StoreLayout(rounds=self.bm // self.slice_rows, box_rows=self.slice_rows, boxes=out_cols // 64)
         share = out_cols // self.wn
         rounds = share // 64 if out_cols % self.wn == 0 and share % 64 == 0 and share >= 128 else 1
         return StoreLayout(rounds=rounds, box_rows=self.bm, boxes=out_cols // 64 // rounds)
@@ -302,7 +305,8 @@ def tail_split(tiles: int, kc: int, grid: int) -> tuple[int, int, int]:
     env = {"tiles": tiles, "grid": grid, "KC": kc}
     tail = TAIL.values(env)
     if tail:
-        env.update(tail=tail, parts=TAIL_PARTS.values({**env, "tail": tail}))
+        env["tail"] = tail
+        env["parts"] = TAIL_PARTS.values(env)
         env["split"] = TAIL_SPLIT.values(env)
         if TAIL_GAINS.values(env):
             return tail, env["split"], env["parts"]

@@ -422,7 +422,10 @@ class GpuBackend(Backend):
         graphs: the runner to time, or None and why not. ``verify=False`` skips the check, for
         timing-only experiments whose sources skip work by design (never for a recorded figure)."""
         runner, m = self.load(chain, config, device_epoch=graphs)
-        why = m.message if runner is None else self.verify(chain, runner)[1] if verify else None
+        if runner is None:
+            why = m.message
+        else:
+            why = self.verify(chain, runner)[1] if verify else None
         if not why and graphs:
             why = _capture(runner)
         return (None, why) if why else (runner, None)
