@@ -53,11 +53,11 @@ def config_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def also_arguments(ap: argparse.ArgumentParser) -> None:
-    """The repeatable ``--also FIELD=VALUE``: each config also with a tile field changed."""
+    """The repeatable ``--also FIELD=VALUE``: each config also with a tile or global field changed."""
     ap.add_argument("--also", action="append", default=[], metavar="FIELD=VALUE",
-                    help="each config also with these tile fields changed together (e.g. persist=1 or "
-                         "bm=256,bn=128) in every stage that accepts them, from this checkout's templates "
-                         "(repeatable)")
+                    help="each config also with these fields changed together (tile fields in every stage "
+                         "that accepts them, e.g. persist=1 or bm=256,bn=128; global ones, e.g. "
+                         "policy=tile,launch=two_stream), from this checkout's templates (repeatable)")
 
 
 def picked_configs(specs: list[list[str]]) -> list[Record]:
@@ -74,28 +74,38 @@ def picked_configs(specs: list[list[str]]) -> list[Record]:
 
 
 def tile_variant(chain, config, change: str, device) -> "Config | None":
-    """``config`` with the tile fields of ``change`` (``FIELD=VALUE[,FIELD=VALUE ...]``, set
-    together) in every stage that the search space's per-stage constraints accept them in, and the
-    chain's constraints still hold; None if no stage takes them."""
+    """``config`` with the fields of ``change`` (``FIELD=VALUE[,FIELD=VALUE ...]``, set together):
+    tile fields in every stage that the search space's per-stage constraints accept them in, global
+    ones (policy, launch...) for the chain; None if nothing changes, or the chain's constraints or
+    the sync checker refuse the result."""
     from dataclasses import replace
 
-    from tuner.config import TILE_FIELDS
-    from tuner.space import Limits, persistent_launch, stage_problem
+    from tuner.checker import check
+    from tuner.config import GLOBAL_FIELDS, TILE_FIELDS
+    from tuner.space import Limits, cluster_launch, persistent_launch, policy_requires, stage_problem
+    from tuner.sync import launch_allowed
     from tuner.tiling import StageGrid, tile_value
 
-    fields = {}
+    fields, globals_ = {}, {}
     for part in change.split(","):
         field, _, value = part.partition("=")
-        if field not in TILE_FIELDS or not value:
+        if field in GLOBAL_FIELDS and value:
+            globals_[field] = value
+        elif field in TILE_FIELDS and value:
+            fields[field] = tile_value(field, value)
+        else:
             raise SystemExit(f"--also {change}: give FIELD=VALUE[,FIELD=VALUE ...] with FIELD one of "
-                             f"{', '.join(TILE_FIELDS)}")
-        fields[field] = tile_value(field, value)
+                             f"{', '.join(TILE_FIELDS + GLOBAL_FIELDS)}")
     tiles = []
     for st, t in zip(chain.stages, config.tiles):
         new = replace(t, **fields)
         tiles.append(new if stage_problem(StageGrid(st, new), Limits(), device) is None else t)
-    out = replace(config, tiles=tuple(tiles))
-    if out == config or persistent_launch(out.dispatch, out.launch, out.grids(chain)):
+    out = replace(config, tiles=tuple(tiles), **globals_)
+    grids = out.grids(chain)
+    if out == config or launch_allowed(out.policy, out.launch, out.dispatch) \
+            or persistent_launch(out.dispatch, out.launch, grids) or cluster_launch(out.dispatch, out.launch, grids) \
+            or any(policy_requires(out.policy, grids[g.stage.a_from], g) for g in grids if g.stage.a_from is not None) \
+            or check(chain, out, sms=device.sms):
         return None
     return out
 

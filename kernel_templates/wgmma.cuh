@@ -363,6 +363,8 @@ __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.comm
 // (their slices may be written again).
 template <int N = 0>
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory"); }
+// This thread's committed bulk stores have all been written to global memory (before a tile posts).
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
 // ---- A persistent block's work: whole tiles b, b + G, ... (b its block, G the grid) below `whole`,
 // then, where the partial last wave is split along K (tiling.TAIL_SPLIT: `tail` tiles past the last

@@ -319,6 +319,22 @@ def test_the_template_ab_script_refuses_timing_only_without_a_variant_in_one_lin
         "--timing-only applies to variant folders; give one (a folder holding kernel_templates/)"]
 
 
+def test_template_ab_also_changes_global_fields_and_drops_changes_the_space_or_checker_refuse(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from template_ab import tile_variant
+
+    chain, dev = get_workload("gpt3").chain(tokens=2048), DeviceInfo("H200")
+    t = StageTiles(128, 256, 64, 2, 1, 3, 1, "wgmma_tma", persist=1)
+    cfg = Config((t, t), "stream", "col", "block", "pdl")
+    tiled = tile_variant(chain, cfg, "policy=tile,launch=two_stream,order=row", dev)
+    assert tiled == Config((t, t), "tile", "row", "block", "two_stream")
+    assert tile_variant(chain, cfg, "persist=0,launch=serial", dev) == replace(
+        cfg, tiles=(replace(t, persist=0),) * 2, launch="serial")
+    assert tile_variant(chain, cfg, "launch=two_stream", dev) is None  # no policy: nothing orders the stages
+    assert tile_variant(chain, cfg, "policy=tile,launch=fused,dispatch=ticket", dev) is None  # persistent blocks
+    assert tile_variant(chain, cfg, "persist=1", dev) is None  # nothing changes
+
+
 @pytest.mark.parametrize("script", ["template_ab.py", "sass_stats.py"])
 def test_the_variant_scripts_refuse_a_config_the_recording_lacks_in_one_line(script, tmp_path, run_benchmark):
     (tmp_path / "kernel_templates").mkdir()

@@ -209,6 +209,30 @@ def test_without_the_guard_spinning_consumers_fill_every_slot_and_deadlock(chain
     assert check_deadlock(replace(unguarded, guard=True), slots=132) is None
 
 
+# Persistent blocks of 128x128 tiles: on 8 SMs, each block loops over 48 or 96 of them.
+PERSISTENT = StageTiles(128, 128, 64, 2, 1, 4, 1, "wgmma_tma", persist=1)
+
+
+@pytest.mark.parametrize("policy", ["tile", "row"])
+def test_persistent_blocks_wait_tile_by_tile_behind_the_guard_and_deadlock_without_it(chain, policy):
+    cfg = Config((PERSISTENT, PERSISTENT), policy, "row", "block", "two_stream")
+    assert check(chain, cfg, sms=8) is None and check(chain, cfg, sms=132) is None
+    proto = Protocol.of(chain, cfg, sms=8)
+    assert [g.launched(8) for g in proto.grids] == [8, 8] and [g.blocks for g in proto.grids] == [384, 768]
+    # Without the guard, the consumer's 8 blocks take every SM before a producer block starts.
+    why = check_deadlock(replace(proto, guard=False), slots=8)
+    assert why.startswith("deadlock: every one of the 8 slots holds a waiting block") and "gemm1: 8" in why
+
+
+def test_persistent_blocks_need_block_dispatch_outside_a_fused_launch_and_stream_order_to_split_the_last_wave(chain):
+    assert check(chain, Config((PERSISTENT,) * 2, "tile", "row", "ticket", "fused")).startswith(
+        "persistent blocks need block dispatch in a serial, pdl or two_stream launch")
+    split = replace(PERSISTENT, persist=2)
+    assert check(chain, Config((split,) * 2, "tile", "row", "block", "two_stream")).startswith(
+        "a persistent stage whose last wave is split along K needs a stream-ordered launch")
+    assert check(chain, Config((split,) * 2, "stream", "row", "block", "pdl")) is None
+
+
 def test_a_fused_launch_in_block_order_deadlocks_which_is_why_it_takes_tickets(chain):
     fused = Protocol.of(chain, config(launch="fused"))
     assert check_deadlock(replace(fused, dispatch="block"), slots=132).startswith("deadlock")

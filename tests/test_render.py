@@ -259,6 +259,28 @@ def test_a_persistent_stage_launches_one_block_per_sm_in_whole_clusters_and_loop
     assert "tma_consume_tile<T, true>" in r.source and "tma_consume_tile<T, true>" not in one.source
 
 
+def test_persistent_blocks_wait_and_post_tile_by_tile_and_count_their_tiles_for_the_guard():
+    chain = get_workload("gpt3").chain(tokens=2048)  # 128x256 tiles: 16x24 for gemm1, 16x48 for gemm2
+    t = StageTiles(128, 256, 64, 2, 1, 3, 1, "wgmma_tma", persist=1)
+    r = render(chain, Config((t, t), "tile", "row", "block", "two_stream"), device_epoch=True, sms=132)
+    assert [(l.kernel, l.grid, l.stream) for l in r.launches] == [
+        ("stage0_kernel", 132, 0), ("guard1_kernel", 1, 1), ("stage1_kernel", 132, 1)]
+    stage0, stage1 = r.source.split("// ---- stage 0")[1].split("// ---- stage 1")
+    # A started block counts its tiles, whatever grid it runs on; the guard waits for all 384.
+    assert "atomicAdd(state + 387, (384u - 1u - blockIdx.x) / gridDim.x + 1u)" in r.source
+    assert "tuner_spin_until(state + 387, epoch * 384u, TUNER_ERR)" in r.source
+    # The producer posts each tile inside its MMA warps' loop, once the copy engine has written
+    # the tile's stores (not just read them), and before the block leaves.
+    mma_loop = stage0.split("work.each(t, ")[2]
+    assert mma_loop.count("tuner_signal(") == 1 and stage0.count("tuner_signal(") == 1
+    assert mma_loop.index("bulk_commit();") < mma_loop.index("bulk_wait();") < mma_loop.index("tuner_signal(")
+    assert mma_loop.index("tuner_signal(") < mma_loop.index("the last tile's stores have read the slice")
+    # The consumer's copying thread waits for the tile it is about to load, not the block's first.
+    producer_loop = stage1.split("work.each(t, ")[1]
+    assert "[&](int kc, bool first) { wait_at(m, n, kc, first); }" in producer_loop
+    assert "tuner_spin_until_inline(state + " in stage1
+
+
 def test_a_stage_splitting_its_last_wave_gives_each_block_of_its_grid_a_workspace_slot_and_two_counters():
     chain = get_workload("gpt3").chain(tokens=2048)  # gemm2: 16x48 = 768 tiles of 128x256, 96 K chunks
     t = StageTiles(128, 256, 64, 2, 1, 3, 1, "wgmma_tma")

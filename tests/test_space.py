@@ -67,13 +67,16 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
     shifts = []  # per stage: whether its tile moves registers from its producer (setmaxnreg)
     for st, t in zip(chain.stages, cfg.tiles):
         # persistent blocks: TMA-fed whole tiles, more of them than one block per SM in whole
-        # clusters, block dispatch in a stream-ordered launch; the last wave split along K (2)
-        # without a cluster, where the tiles leave it partly empty and cutting each of its tiles at
-        # one K chunk into a first part and a rest that the free blocks share ends it sooner
+        # clusters, block dispatch outside a fused launch; the last wave split along K (2) in a
+        # stream-ordered launch without a cluster, where the tiles leave it partly empty and cutting
+        # each of its tiles at one K chunk into a first part and a rest that the free blocks share
+        # ends it sooner
         tiles, resident = -(-st.m // t.bm) * -(-st.n // t.bn), dev.sms // (t.cm * t.cn) * (t.cm * t.cn)
         if t.persist not in (0, 1, 2) or t.persist and (
                 t.mma not in ("wgmma_tma", "wgmma_tma_t") or t.split_k > 1 or tiles <= resident
-                or cfg.dispatch != "block" or cfg.launch not in ("serial", "pdl")):
+                or cfg.dispatch != "block" or cfg.launch == "fused"):
+            return False
+        if t.persist == 2 and cfg.launch not in ("serial", "pdl"):
             return False
         if t.persist == 2:
             kc, tail = -(-st.k // t.bk), tiles % resident
@@ -211,7 +214,7 @@ def test_exact_count_matches_brute_force_with_clusters():
     assert {"cluster", "cluster_launch"} <= blamed
 
 
-# Persistent blocks: TMA-fed whole tiles, more tiles than SMs, block dispatch in a stream-ordered launch.
+# Persistent blocks: TMA-fed whole tiles, more tiles than SMs, block dispatch outside a fused launch.
 TINY_PE = {**TINY, "stage": {"bm": [64], "bn": [64, 128], "bk": [64], "wm": [1], "wn": [1, 2], "stages": [3],
                              "split_k": [1, 3], "mma": ["wgmma", "wgmma_tma", "wgmma_tma_t"], "cm": [1, 2],
                              "persist": [0, 1, 2]},
@@ -226,7 +229,10 @@ def test_exact_count_matches_brute_force_with_persistent_blocks():
     brute = {c for c in all_configs(TINY_PE) if reference_feasible(chain, c, dev, 384, 128, max_cluster=2)}
     assert set(fs) == brute
     persistent = [c for c in brute if any(t.persistent for t in c.tiles)]
-    assert persistent and all(c.dispatch == "block" and c.launch in ("serial", "pdl") for c in persistent)
+    assert persistent and all(c.dispatch == "block" and c.launch != "fused" for c in persistent)
+    # tile waits in persistent blocks, under the two-stream guard; a split last wave only in stream order
+    assert any(c.launch == "two_stream" for c in persistent)
+    assert all(c.launch in ("serial", "pdl") for c in persistent if any(t.tail_split for t in c.tiles))
     assert {t.mma for c in persistent for t in c.tiles if t.persistent} == {"wgmma_tma", "wgmma_tma_t"}
     # 16 tiles outnumber 12 SMs, not 12 SMs' 6 clusters of 2 blocks... which hold 12 blocks: both persist
     assert any(t.persistent and t.cluster == 2 for c in persistent for t in c.tiles)

@@ -14,7 +14,7 @@ from .config import Config, StageGrid, StageTiles
 from .device import DeviceInfo
 from .prefetch import prefetch_allowed
 from .stages import kind_of
-from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, launch_allowed
+from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, launch_allowed, persistent_allowed
 from .workloads import Chain
 
 
@@ -120,7 +120,8 @@ def reallocated(chain: Chain) -> list[Config]:
 
 def persistent(chain: Chain, sms: int) -> list[Config]:
     """TMA configs whose stages run persistent blocks on a device of ``sms`` SMs, each block looping
-    over several tiles: under both stream-ordered launches and both orders, cycling through the
+    over several tiles: under every launch and policy that allows them (the stream-ordered ones and
+    two_stream with tile waits) and both orders, cycling through the
     plain tile, the transposed tile (where M has the rows, of 160 rows, whose epilogue parks fp32
     rows 64, 64 and 32 at a time, and of 128, parked by stmatrix for the TMA in two rounds), a
     2x1 cluster where the tile grid divides and the two-warpgroup
@@ -134,7 +135,7 @@ def persistent(chain: Chain, sms: int) -> list[Config]:
     dev = DeviceInfo("cases", sms=sms)
     out = []
     wide = chain.stages[0].m >= 65 and min(st.n for st in chain.stages) >= 129
-    for i, (p, o, d, l) in enumerate(c for c in combos() if c[2] == "block" and c[3] in ("serial", "pdl")):
+    for i, (p, o, d, l) in enumerate(c for c in combos() if persistent_allowed(c[2], c[3]) is None):
         variant = i % 4 if i % 4 < 3 or wide else 0
         tiles = list(tiles_for(chain, mma="wgmma_tma_t" if variant == 1 else "wgmma_tma"))
         tilings = [tiles]
@@ -144,6 +145,8 @@ def persistent(chain: Chain, sms: int) -> list[Config]:
             # three slots: four and the output parked beside them pass the shared memory
             tilings = [[StageTiles(128, 256, 64, 2, 1, 3, 1, "wgmma_tma") for _ in chain.stages]]
         for tiles, persist in ((t, q) for t in tilings for q in (1, 2)):  # 2: the last wave split along K, where the space allows it
+            if persistent_allowed(d, l, tail_split=persist == 2):
+                continue
             chosen = []
             for st, t in zip(chain.stages, tiles):
                 t = replace(t, persist=persist)

@@ -36,6 +36,10 @@ Modelling choices, where the hardware leaves room:
   so a two-stream launch needs two slots; smaller slot counts are not tried for it.
 * Runs follow one another: run ``e + 1`` starts when run ``e`` has finished (the
   backend joins both streams at the end of a run).
+* A persistent stage's block ``b`` of ``G`` takes tickets ``b``, ``b + G``, ... one after
+  another in its slot: a tile's successor starts where the tile finishes, and its waits
+  hold the slot like any block's. A started block counts its tiles for the guard, as the
+  kernels do.
 * Blocks of one consumer class (same tile row ``m`` and split ``s``) issue the same
   waits, so the simulation tracks the progress of a class, not of each block. When
   a class passes a wait early, any of its blocks resident at that moment would.
@@ -56,7 +60,7 @@ from .expr import Expr
 from .stages import kind_of
 from .stages.gemm import first_read, producer_cols
 from .sync import (DISPATCHES, LAUNCHES, ORDERS, POLICIES, STREAM_ORDERED, SyncPolicy, TileOrder, launch_allowed,
-                   order_env, pair_env, policy_for)
+                   order_env, pair_env, persistent_allowed, policy_for)
 from .workloads import Chain
 
 _NEVER = np.iinfo(np.int64).max
@@ -137,7 +141,8 @@ class Protocol:
 
     ``policy`` and ``order`` are objects, not names, so that tests can hand in broken
     ones. ``guard=False`` drops the two-stream guard kernel; it exists to show that
-    the guard is what keeps that launch mode free of deadlock.
+    the guard is what keeps that launch mode free of deadlock. ``sms``: the device's SMs,
+    which size a persistent stage's grid (:meth:`StageGrid.launched`).
     """
 
     grids: tuple[StageGrid, ...]
@@ -146,6 +151,7 @@ class Protocol:
     dispatch: str
     launch: str
     guard: bool = True
+    sms: int = 132
 
     @classmethod
     def of(cls, chain: Chain, config: Config, **override: Any) -> "Protocol":
@@ -570,6 +576,18 @@ class _Sim:
         self.arrivals = [0] * len(lay.tile_splits)
         self.started = [0] * len(protocol.grids)
         self.guarded = {p for p, _ in protocol.pairs()} if protocol.launch == "two_stream" and protocol.guard else set()
+        # A persistent block's tiles: the one after each (-1 past its last), and, at its first, how
+        # many it computes (what it adds to the guard's count when it starts).
+        total = sum(g.blocks for g in protocol.grids)
+        self.grid = [g.launched(protocol.sms) for g in protocol.grids]
+        self.succ, self.weight = [-1] * total, [1] * total
+        for i, g in enumerate(protocol.grids):
+            G, b0 = self.grid[i], lay.base[i]
+            if G < g.blocks:
+                for t in range(g.blocks - G):
+                    self.succ[b0 + t] = b0 + t + G
+                for t in range(G):
+                    self.weight[b0 + t] = (g.blocks - 1 - t) // G + 1
 
     # -- kernels -----------------------------------------------------------------------------
     def _order(self, ids: range) -> list[int]:
@@ -589,8 +607,17 @@ class _Sim:
             a_from = g.stage.a_from
             if a_from is not None and a_from in self.guarded:
                 out.append(_Kernel(f"guard of {g.stage.name}", stream, [-a_from - 1]))
-            out.append(_Kernel(g.stage.name, stream, self._order(range(base[i], base[i] + g.blocks))))
+            out.append(_Kernel(g.stage.name, stream, self._order(range(base[i], base[i] + self.grid[i]))))
         return out
+
+    def _tiles_open(self, u: int) -> bool:
+        # Whether every tile of the block starting at unit u has passed all its waits.
+        succ, cls, opened = self.succ, self.lay.cls, self.open
+        while u >= 0:
+            if cls[u] >= 0 and not opened[cls[u]]:
+                return False
+            u = succ[u]
+        return True
 
     # -- one run -----------------------------------------------------------------------------
     def run(self, epoch: int) -> None:
@@ -630,12 +657,14 @@ class _Sim:
             self.sem, self.posted
         waiters, need, guard_waiting = self.waiters, self.need, self.guard_waiting
         blocks = [g.blocks for g in self.p.grids]
-        left = sum(len(k.units) for k in kernels)
+        weight, succ = self.weight, self.succ
+        # the tiles (or the guard) each kernel finishes; it starts len(units) blocks
+        sizes = [sum(weight[u] if u >= 0 else 1 for u in kern.units) for kern in kernels]
+        left = sum(sizes)
         free = sch.slots
         inert = [not posts and i not in self.guarded for i, posts in enumerate(lay.stage_posts)]
         inert_kernel = [self.p.launch == "fused" or (kern.units[0] >= 0 and inert[stage_of[kern.units[0]]])
                         for kern in kernels]
-        sizes = [len(kern.units) for kern in kernels]
         while left:
             if free and active and (eager or not runnable or random_() < 0.5):
                 if len(active) == 1:
@@ -647,29 +676,30 @@ class _Sim:
                     i = ranks.index(max(ranks) if pick == "late" else min(ranks))
                 k = active[i]
                 kern = kernels[k]
-                units, nxt, n = kern.units, kern.next, sizes[k]
+                units, nxt, n = kern.units, kern.next, len(kern.units)
                 if inert_kernel[k]:
                     # A block that can run to its end when it starts and posts nothing changes nothing
                     # but counts when it finishes; holding its slot longer never leads anywhere that
                     # finishing at once does not (a deadlock needs every resident block waiting). So
                     # a stretch of them starts and finishes in one tight loop.
-                    j = nxt
+                    j, tiles = nxt, 0
                     while j < n:
                         u = units[j]
                         if u < 0 or not inert[stage_of[u]]:
                             break
                         c = cls_of[u]
-                        if c >= 0 and not opened[c]:
+                        if (c >= 0 and not opened[c]) or (succ[u] >= 0 and not self._tiles_open(u)):
                             break
-                        started[stage_of[u]] += 1
+                        started[stage_of[u]] += weight[u]
+                        tiles += weight[u]
                         j += 1
                     if j > nxt:
                         kern.next = j
-                        kern.done += j - nxt
-                        left -= j - nxt
+                        kern.done += tiles
+                        left -= tiles
                         if j == n:
                             active.pop(i)
-                            if kern.done == n:
+                            if kern.done == sizes[k]:
                                 self._next_on_stream(k)
                         continue
                 # Eager: fill every free slot from this kernel; otherwise start a random number of blocks.
@@ -688,7 +718,7 @@ class _Sim:
                             guard_waiting[p] = u
                         continue
                     st = stage_of[u]
-                    started[st] += 1
+                    started[st] += weight[u]
                     if guard_waiting and st in guard_waiting and started[st] >= epoch * blocks[st]:
                         runnable.append(guard_waiting.pop(st))
                     c = cls_of[u]
@@ -708,7 +738,6 @@ class _Sim:
                         j = int(random_() * len(runnable))
                         runnable[j], runnable[-1] = runnable[-1], runnable[j]
                         batch.append(runnable.pop())
-                free += len(batch)
                 left -= len(batch)
                 for u in batch:
                     k = guard_kernel[u] if u < 0 else stage_kernel[stage_of[u]]
@@ -717,6 +746,7 @@ class _Sim:
                     if kern.done == sizes[k]:
                         self._next_on_stream(k)
                     if u < 0:
+                        free += 1
                         continue
                     t = tile_of[u]
                     arrivals[t] += 1
@@ -728,6 +758,16 @@ class _Sim:
                                 need[gs] = _NEVER
                                 for c in waiters.pop(gs):
                                     self._advance(c)
+                    v = succ[u]
+                    if v < 0:
+                        free += 1
+                        continue
+                    # A persistent block goes on to its next tile in the same slot.
+                    c = cls_of[v]
+                    if c < 0 or opened[c]:
+                        runnable.append(v)
+                    else:
+                        blocked[c].append(v)
             else:
                 self.free = free
                 raise _Stop(self._deadlock())
@@ -810,8 +850,8 @@ class _Sim:
                              f"it holds {self.sem[gs]}")
         for p in self.guard_waiting:
             g = self.p.grids[p]
-            stuck.append(f"the guard waits for all {g.blocks} {g.stage.name} blocks to start, "
-                         f"{self.started[p] - (self.epoch - 1) * g.blocks} have")
+            stuck.append(f"the guard waits for the blocks of all {g.blocks} {g.stage.name} tiles to start, "
+                         f"those of {self.started[p] - (self.epoch - 1) * g.blocks} have")
         pending = [f"{k.name}: {len(k.units) - k.next}" for k in self.kernels if k.next < len(k.units)]
         shown = "; ".join(stuck[:3]) + (f"; and {len(stuck) - 3} more" if len(stuck) > 3 else "")
         state = (f"every one of the {self.sch.slots} slots holds a waiting block" if self.free == 0
@@ -912,16 +952,18 @@ def check(chain: Chain, config: Config, *, sms: int = 132, blocks_per_sm: int = 
     protocol, so configs that differ only there share one cached answer.
     """
     same = tuple(replace(t, wm=1, wn=1, stages=2) for t in config.tiles)
-    return _check(chain, replace(config, tiles=same), sms * blocks_per_sm, runs, seed, schedules)
+    return _check(chain, replace(config, tiles=same), sms * blocks_per_sm, runs, seed, schedules, sms)
 
 
 @lru_cache(maxsize=4096)
-def _check(chain: Chain, config: Config, slots: int, runs: int, seed: int, schedules: int) -> str | None:
-    why = launch_allowed(config.policy, config.launch, config.dispatch)
+def _check(chain: Chain, config: Config, slots: int, runs: int, seed: int, schedules: int, sms: int) -> str | None:
+    why = launch_allowed(config.policy, config.launch, config.dispatch) or next(
+        (why for t in config.tiles if t.persistent and (why := persistent_allowed(config.dispatch, config.launch,
+                                                                                  t.tail_split))), None)
     if why:
         return why
     try:
-        protocol = Protocol.of(chain, config)
+        protocol = Protocol.of(chain, config, sms=sms)
     except ValueError as exc:
         return str(exc)
     if protocol.policy is not None:

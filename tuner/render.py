@@ -50,7 +50,7 @@ class Launch:
 
 def device_grid(launch: Launch, sms: int) -> int:
     """The blocks ``launch`` starts on a device of ``sms`` SMs: its grid, or for a persistent stage
-    one block per SM in whole clusters, no more than its cap (as :func:`launched_blocks` sized it
+    one block per SM in whole clusters, no more than its cap (as :meth:`StageGrid.launched` sized it
     for the device it was rendered for). The C++ launcher (``cpp/tuner_chain.cpp``) does the same."""
     if not launch.grid_cap:
         return launch.grid
@@ -204,20 +204,13 @@ def a_rows(m: int, bm: int) -> int:
     return min(bm, -(-m // 8) * 8)
 
 
-def launched_blocks(g: StageGrid, sms: int) -> int:
-    """The blocks a stage's kernel launches: one per tile (and split), or for a persistent stage one
-    per SM in whole clusters, each looping over tiles (any count is correct; more than the device
-    holds at once only queue)."""
-    return min(g.blocks, g.tiles.resident_blocks(sms)) if g.tiles.persistent else g.blocks
-
-
 def grid_cap(g: StageGrid, sms: int) -> int:
     """The most blocks a stage may launch on another device (``Launch.grid_cap``): a persistent
     stage's tiles, or where its last wave is split along K the blocks rendered for ``sms`` SMs,
     which its workspace slots and counters are laid out for; 0 for a stage of one block a tile."""
     if not g.tiles.persistent:
         return 0
-    return launched_blocks(g, sms) if g.tiles.tail_split else g.blocks
+    return g.launched(sms) if g.tiles.tail_split else g.blocks
 
 
 def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool = False,
@@ -281,7 +274,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
         if tl.tail_split:
             # Per tile of the split wave (fewer than the grid's blocks): the first part's partial
             # sums, and the counters of its parts' arrivals and of the posts that the sums are there.
-            grid_blocks = launched_blocks(g, sms)
+            grid_blocks = g.launched(sms)
             entry["tail"] = _TAIL_C
             entry["tail_ws"] = ws
             ws += grid_blocks * kind_of(st).partial_floats(g)
@@ -332,7 +325,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
             stream = 0 if config.launch in STREAM_ORDERED else i % 2
             if stages[i]["guard"] is not None:
                 out.append(Launch(f"guard{i}_kernel", 1, 32, 0, stream))
-            out.append(Launch(f"stage{i}_kernel", launched_blocks(g, sms), g.tiles.threads, _smem(g), stream,
+            out.append(Launch(f"stage{i}_kernel", g.launched(sms), g.tiles.threads, _smem(g), stream,
                               pdl=config.launch == "pdl" and i > 0,
                               grid_cap=grid_cap(g, sms), cluster=g.tiles.cluster))
         launches = tuple(out)

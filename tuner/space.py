@@ -398,10 +398,14 @@ def cluster_launch(dispatch: str, launch: str, grids: Sequence[StageGrid]) -> st
 
 
 def persistent_launch(dispatch: str, launch: str, grids: Sequence[StageGrid]) -> str | None:
-    """Persistent stages need block dispatch in a stream-ordered launch (see :func:`tuner.sync.persistent_allowed`)."""
-    persistent = [g.stage.name for g in grids if g.tiles.persistent]
-    why = persistent_allowed(dispatch, launch) if persistent else None
-    return f"{', '.join(persistent)}: {why}" if why else None
+    """Persistent stages need block dispatch outside a fused launch, and a split last wave a
+    stream-ordered launch (see :func:`tuner.sync.persistent_allowed`)."""
+    for split in (False, True):
+        named = [g.stage.name for g in grids if g.tiles.persistent and (g.tiles.tail_split or not split)]
+        why = persistent_allowed(dispatch, launch, tail_split=split) if named else None
+        if why:
+            return f"{', '.join(named)}: {why}"
+    return None
 
 
 def policy_requires(policy: str, producer: StageGrid, consumer: StageGrid) -> str | None:
@@ -622,13 +626,15 @@ class FeasibleSet:
         policy, _order, dispatch, launch, _prefetch = combo
         clusters = cluster_allowed(dispatch, launch) is None
         persistent = persistent_allowed(dispatch, launch) is None
+        tail = persistent_allowed(dispatch, launch, tail_split=True) is None
         fused = launch == "fused"
-        key = (policy, fused, clusters, persistent)
+        key = (policy, fused, clusters, persistent, tail)
         if key not in self._plans:
             pol = POLICIES[policy]
             # A fused launch takes no tile that reallocates registers (see fused_threads).
             tilings = [[g for g in gs if (clusters or g.tiles.cluster == 1) and (persistent or not g.tiles.persistent)
-                        and not (fused and g.tiles.realloc)] for gs in self.tilings]
+                        and (tail or not g.tiles.tail_split) and not (fused and g.tiles.realloc)]
+                       for gs in self.tilings]
             self._plans[key] = _Plan(self.chain, tilings, pol.requires if pol else None, key[1])
         return self._plans[key]
 

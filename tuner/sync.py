@@ -166,14 +166,19 @@ def cluster_allowed(dispatch: str, launch: str) -> str | None:
     return None
 
 
-def persistent_allowed(dispatch: str, launch: str) -> str | None:
-    """Why stages of this dispatch/launch cannot run persistent blocks, or None if they can. A
-    persistent block takes the tiles ``blockIdx.x``, ``+ gridDim.x``, ... in turn, which only block
-    dispatch numbers so; and only the stream-ordered launches have no tile waits, which a block
-    looping over tiles would hold its SM through (and the guard of two_stream counts one block per
-    tile)."""
-    if dispatch != "block" or launch not in STREAM_ORDERED:
-        return "persistent blocks need block dispatch in a stream-ordered launch (serial, pdl)"
+def persistent_allowed(dispatch: str, launch: str, tail_split: bool = False) -> str | None:
+    """Why stages of this dispatch/launch cannot run persistent blocks (``tail_split``: with the
+    partial last wave split along K), or None if they can. A persistent block takes the tiles
+    ``blockIdx.x``, ``+ gridDim.x``, ... in turn, which only block dispatch numbers so, and a fused
+    launch hands tickets out across stages. A persistent block waits tile by tile like any other,
+    and may hold its SM while it waits: in a two_stream launch every block of the producer has
+    started before any of the consumer's (the guard counts a persistent block's tiles), so no
+    waiting block can keep a producer tile off the GPU. The split wave's parts are summed through
+    counters that only the stream-ordered launches have been checked with."""
+    if dispatch != "block" or launch == "fused":
+        return "persistent blocks need block dispatch in a serial, pdl or two_stream launch"
+    if tail_split and launch not in STREAM_ORDERED:
+        return "a persistent stage whose last wave is split along K needs a stream-ordered launch (serial, pdl)"
     return None
 
 

@@ -342,6 +342,12 @@ class StageGrid:
     def blocks(self) -> int:
         return self.mt * self.nt * self.tiles.split_k
 
+    def launched(self, sms: int) -> int:
+        """The blocks the stage's kernel launches on ``sms`` SMs: one per tile (and split), or for a
+        persistent stage one per SM in whole clusters, block b taking tiles b, b + grid, ... (any
+        count is correct; more than the device holds at once only queue)."""
+        return min(self.blocks, self.tiles.resident_blocks(sms)) if self.tiles.persistent else self.blocks
+
     def split_begin(self, s):
         """First K chunk of split ``s`` (an int or an integer array): :data:`SPLIT_BEGIN`."""
         return SPLIT_BEGIN.values({"s": s, "KC": self.kc, "S": self.tiles.split_k})

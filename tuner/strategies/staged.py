@@ -70,8 +70,7 @@ def _shape(t: StageTiles) -> tuple:
 
 def _plain(t: StageTiles) -> bool:
     """Without a cluster or persistent blocks: what the probe times first, and what every sync
-    choice takes (clusters rule out ticket dispatch and the fused launch, persistent blocks all but
-    block dispatch in a stream-ordered launch)."""
+    choice takes (clusters and persistent blocks rule out ticket dispatch and the fused launch)."""
     return t.cluster == 1 and not t.persistent
 
 
