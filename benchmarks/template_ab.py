@@ -17,7 +17,8 @@ stores answers wrongly by design); their lines say "unverified", and such figure
 results. The rounds interleave every source of a config after idle (the H200's clock drops
 under sustained load), in CUDA graphs with ``--graphs``. Prints the median of rounds of each
 source and its ratio to this checkout's (below 1: the variant is faster); with ``--library``, the
-library's chain of the same shape (bench's baselines) too. GPU only.
+library's chain of the same shape (bench's baselines) too. Each ``--also`` change is rendered from
+this checkout and from every variant folder. GPU only.
 """
 from __future__ import annotations
 
@@ -129,7 +130,6 @@ def main() -> int:
     if args.timing_only and not args.variants:
         raise SystemExit("--timing-only applies to variant folders; give one (a folder holding kernel_templates/)")
     homes = variant_homes(args.variants)
-    unverified = {name for name in homes if name != "this checkout"} if args.timing_only else set()
     targets = picked_configs(args.config)
 
     from tuner.backends.gpu import GpuBackend
@@ -147,18 +147,22 @@ def main() -> int:
             else:
                 timers[name] = runner.time_graphs if args.graphs else runner.time
 
-        for name, root in homes.items():
-            os.environ["TUNER_HOME"] = str(root)  # the renderer reads its templates from here
-            ready(name, rec.config, verify=name not in unverified)
-        os.environ["TUNER_HOME"] = str(homes["this checkout"])
-        names = list(homes)
-        for change in args.also:
-            cfg = tile_variant(chain, rec.config, change, gpu.device_info())
+        # Each config (the recorded one, then each --also change of it) from this checkout's
+        # templates and from every variant folder's.
+        names, unverified = [], set()
+        changes = [(None, rec.config)] + [(c, tile_variant(chain, rec.config, c, gpu.device_info())) for c in args.also]
+        for change, cfg in changes:
             if cfg is None:
                 continue
-            name = f"{change}: {cfg.short()}"
-            names.append(name)
-            ready(name, cfg)
+            for home_name, root in homes.items():
+                os.environ["TUNER_HOME"] = str(root)  # the renderer reads its templates from here
+                name = home_name if change is None else (f"{change}: {cfg.short()}" if home_name == "this checkout"
+                                                         else f"{home_name}, {change}")
+                names.append(name)
+                if args.timing_only and home_name != "this checkout":
+                    unverified.add(name)
+                ready(name, cfg, verify=name not in unverified)
+        os.environ["TUNER_HOME"] = str(homes["this checkout"])
         library = {}
         if args.library:
             from tuner.baselines import baseline_timers
