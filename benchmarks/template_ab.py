@@ -104,7 +104,7 @@ def tile_variant(chain, config, change: str, device) -> "Config | None":
     out = replace(config, tiles=tuple(tiles), **globals_)
     grids = out.grids(chain)
     if out == config or launch_allowed(out.policy, out.launch, out.dispatch) \
-            or persistent_launch(out.dispatch, out.launch, grids) or cluster_launch(out.dispatch, out.launch, grids) \
+            or persistent_launch(out.policy, out.dispatch, out.launch, grids) or cluster_launch(out.dispatch, out.launch, grids) \
             or any(policy_requires(out.policy, grids[g.stage.a_from], g) for g in grids if g.stage.a_from is not None) \
             or check(chain, out, sms=device.sms):
         return None

@@ -243,10 +243,10 @@ def test_an_ablation_times_each_kind_s_leader_with_every_other_allowed_value_of_
             "tile": next(c for c in cfgs if c.launch == "fused" and c.prefetch == "none")}
     got = bench.ablations({**lead, "tile#2": cfgs[-1]}, ["prefetch"], decode, H200)
     assert got == {f"{k} prefetch=l2": replace(c, prefetch="l2") for k, c in lead.items()}
-    # The GPT-3 MLP's second GEMM does not fit half of L2; a tile policy runs in no stream-ordered
-    # launch, and fused needs ticket dispatch: only what the constraints allow is timed.
+    # The GPT-3 MLP's second GEMM does not fit half of L2; a tile policy runs in no serial launch,
+    # and fused needs ticket dispatch: only what the constraints allow is timed.
     assert bench.ablations({"stream": STREAM}, ["prefetch"], CHAIN64, H200) == {}
-    assert bench.ablations({"tile": TILE}, ["launch"], CHAIN64, H200) == {}
+    assert bench.ablations({"tile": TILE}, ["launch"], CHAIN64, H200) == {"tile launch=pdl": replace(TILE, launch="pdl")}
     assert bench.ablations({"tile": TILE}, ["dispatch"], CHAIN64, H200) == {
         "tile dispatch=ticket": replace(TILE, dispatch="ticket")}
 

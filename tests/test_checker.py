@@ -229,7 +229,7 @@ def test_persistent_blocks_need_block_dispatch_outside_a_fused_launch_and_stream
         "persistent blocks need block dispatch in a serial, pdl or two_stream launch")
     split = replace(PERSISTENT, persist=2)
     assert check(chain, Config((split,) * 2, "tile", "row", "block", "two_stream")).startswith(
-        "a persistent stage whose last wave is split along K needs a stream-ordered launch")
+        "a persistent stage whose last wave is split along K needs the stream policy")
     assert check(chain, Config((split,) * 2, "stream", "row", "block", "pdl")) is None
 
 

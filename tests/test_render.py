@@ -24,20 +24,28 @@ def test_a_fused_config_is_one_launch_and_a_two_stream_config_has_a_guard():
 
 def test_a_pdl_chain_waits_in_every_stage_but_the_first_at_its_first_copy_and_lets_all_but_the_last_start_the_next():
     chain = get_workload("llama-attn").chain(tokens=1)
-    for cfg in (c for c in coverage(chain) if c.launch == "pdl"):
+    pdl = [c for c in coverage(chain) if c.launch == "pdl"]
+    assert {c.policy for c in pdl} == {"stream", "tile", "row"}
+    for cfg in pdl:
         r = render(chain, cfg)
         assert [(l.kernel, l.pdl, l.stream) for l in r.launches] == [
             ("stage0_kernel", False, 0), ("stage1_kernel", True, 0), ("stage2_kernel", True, 0)]
         tiles = r.source.split("void stage0_tile(")[1].split("_kernel(")[0].split("void stage")
         kernels = r.source.split("stage0_kernel(")[1].split("_kernel(")
-        # The wait is in the tile, on its first chunk (the copies that depend on no stage go first),
-        # never at a kernel's entry.
+        # Under the stream policy the wait is in the tile, on its first chunk (the copies that depend
+        # on no stage go first), never at a kernel's entry; under a sync policy a tile waits on its
+        # producer tiles' semaphores instead, and the dependent launch only holds it back until
+        # every block of the stage before has started.
         waits = [t.count("griddepcontrol.wait;") for t in tiles]
-        assert waits == [0, 1, 1] and all("if (first_chunk)" in t for t in tiles[1:]), waits
+        if cfg.policy == "stream":
+            assert waits == [0, 1, 1] and all("if (first_chunk)" in t for t in tiles[1:]), waits
+        else:
+            assert waits == [0, 0, 0] and all("tuner_spin_until" in t for t in tiles[1:])
         assert [k.count("griddepcontrol.wait;") for k in kernels] == [0, 0, 0]
         starts = [k.count("griddepcontrol.launch_dependents") for k in kernels]
         assert starts == [1, 1, 0], starts
-        assert "griddepcontrol" not in render(chain, replace(cfg, launch="serial")).source
+        if cfg.policy == "stream":
+            assert "griddepcontrol" not in render(chain, replace(cfg, launch="serial")).source
 
 
 def test_launch_problems_name_the_kernel_and_the_resource_that_does_not_fit():

@@ -67,8 +67,8 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
     shifts = []  # per stage: whether its tile moves registers from its producer (setmaxnreg)
     for st, t in zip(chain.stages, cfg.tiles):
         # persistent blocks: TMA-fed whole tiles, more of them than one block per SM in whole
-        # clusters, block dispatch outside a fused launch; the last wave split along K (2) in a
-        # stream-ordered launch without a cluster, where the tiles leave it partly empty and cutting
+        # clusters, block dispatch outside a fused launch; the last wave split along K (2) under
+        # the stream policy without a cluster, where the tiles leave it partly empty and cutting
         # each of its tiles at one K chunk into a first part and a rest that the free blocks share
         # ends it sooner
         tiles, resident = -(-st.m // t.bm) * -(-st.n // t.bn), dev.sms // (t.cm * t.cn) * (t.cm * t.cn)
@@ -76,7 +76,7 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
                 t.mma not in ("wgmma_tma", "wgmma_tma_t") or t.split_k > 1 or tiles <= resident
                 or cfg.dispatch != "block" or cfg.launch == "fused"):
             return False
-        if t.persist == 2 and cfg.launch not in ("serial", "pdl"):
+        if t.persist == 2 and cfg.policy != "stream":
             return False
         if t.persist == 2:
             kc, tail = -(-st.k // t.bk), tiles % resident
@@ -133,7 +133,9 @@ def reference_feasible(chain, cfg: Config, dev: DeviceInfo, max_threads: int, ma
                 or t.stages * (t.bm + t.bn) * (2 * t.bk + 16) > dev.smem_per_block
                 or t.bm > m_cap or t.bn > n_cap or t.split_k > kc):  # splits share the chunks evenly
             return False
-    if (cfg.policy == "stream") != (cfg.launch in ("serial", "pdl")):
+    # the stream policy in the stream-ordered launches; a sync policy in pdl, two_stream or fused
+    if (cfg.policy == "stream" and cfg.launch not in ("serial", "pdl")) or (cfg.policy != "stream"
+                                                                             and cfg.launch == "serial"):
         return False
     if cfg.launch == "fused" and (cfg.dispatch != "ticket" or cfg.tiles[0].threads != cfg.tiles[1].threads
                                   or any(shifts)):
@@ -230,9 +232,10 @@ def test_exact_count_matches_brute_force_with_persistent_blocks():
     assert set(fs) == brute
     persistent = [c for c in brute if any(t.persistent for t in c.tiles)]
     assert persistent and all(c.dispatch == "block" and c.launch != "fused" for c in persistent)
-    # tile waits in persistent blocks, under the two-stream guard; a split last wave only in stream order
-    assert any(c.launch == "two_stream" for c in persistent)
-    assert all(c.launch in ("serial", "pdl") for c in persistent if any(t.tail_split for t in c.tiles))
+    # tile waits in persistent blocks, behind the two-stream guard or a dependent launch; a split
+    # last wave only under the stream policy
+    assert {c.launch for c in persistent if c.policy != "stream"} == {"two_stream", "pdl"}
+    assert all(c.policy == "stream" for c in persistent if any(t.tail_split for t in c.tiles))
     assert {t.mma for c in persistent for t in c.tiles if t.persistent} == {"wgmma_tma", "wgmma_tma_t"}
     # 16 tiles outnumber 12 SMs, not 12 SMs' 6 clusters of 2 blocks... which hold 12 blocks: both persist
     assert any(t.persistent and t.cluster == 2 for c in persistent for t in c.tiles)

@@ -145,7 +145,7 @@ def persistent(chain: Chain, sms: int) -> list[Config]:
             # three slots: four and the output parked beside them pass the shared memory
             tilings = [[StageTiles(128, 256, 64, 2, 1, 3, 1, "wgmma_tma") for _ in chain.stages]]
         for tiles, persist in ((t, q) for t in tilings for q in (1, 2)):  # 2: the last wave split along K, where the space allows it
-            if persistent_allowed(d, l, tail_split=persist == 2):
+            if persistent_allowed(d, l, tail_split=persist == 2, policy=p):
                 continue
             chosen = []
             for st, t in zip(chain.stages, tiles):

@@ -34,6 +34,8 @@ Modelling choices, where the hardware leaves room:
   the simulation chooses, adversarially or at random, when blocks start and finish.
 * The guard of a two-stream launch is a block too and holds a slot while it waits,
   so a two-stream launch needs two slots; smaller slot counts are not tried for it.
+* A pdl launch under a sync policy runs its kernels on one stream, each after the first
+  free to start blocks once every block of the one before has started.
 * Runs follow one another: run ``e + 1`` starts when run ``e`` has finished (the
   backend joins both streams at the end of a run).
 * A persistent stage's block ``b`` of ``G`` takes tickets ``b``, ``b + G``, ... one after
@@ -469,6 +471,7 @@ class _Kernel:
     units: list[int]  # block ids in start order for this schedule; guards are -(producer stage) - 1
     done: int = 0
     next: int = 0
+    released: bool = False  # the next kernel on its stream may start blocks
 
 
 @dataclass(frozen=True)
@@ -663,6 +666,8 @@ class _Sim:
         left = sum(sizes)
         free = sch.slots
         inert = [not posts and i not in self.guarded for i, posts in enumerate(lay.stage_posts)]
+        # A tile policy's pdl launch: the next kernel may start once every block of this one has.
+        dependent = self.p.launch == "pdl" and self.p.policy is not None
         inert_kernel = [self.p.launch == "fused" or (kern.units[0] >= 0 and inert[stage_of[kern.units[0]]])
                         for kern in kernels]
         while left:
@@ -699,7 +704,7 @@ class _Sim:
                         left -= tiles
                         if j == n:
                             active.pop(i)
-                            if kern.done == sizes[k]:
+                            if kern.done == sizes[k] or dependent:
                                 self._next_on_stream(k)
                         continue
                 # Eager: fill every free slot from this kernel; otherwise start a random number of blocks.
@@ -726,6 +731,8 @@ class _Sim:
                         runnable.append(u)
                     else:
                         blocked[c].append(u)
+                if dependent and end == n:
+                    self._next_on_stream(k)  # every block of it has started: its dependent launch may go
             elif runnable:
                 # Eager: every runnable block finishes, newest first (freed slots are then refilled,
                 # consumers first). Otherwise a random number of them, picked at random.
@@ -773,8 +780,12 @@ class _Sim:
                 raise _Stop(self._deadlock())
 
     def _next_on_stream(self, k: int) -> None:
-        # Stream order: kernel k has finished, so the next kernel on its stream may start blocks.
+        # Stream order: kernel k has finished (or, in a dependent launch, started every block), so
+        # the next kernel on its stream may start blocks.
         kernels = self.kernels
+        if kernels[k].released:
+            return
+        kernels[k].released = True
         for j in range(k + 1, len(kernels)):
             if kernels[j].stream == kernels[k].stream:
                 self.active.append(j)
@@ -866,10 +877,10 @@ class _Sim:
 def simulate(protocol: Protocol, schedule: Schedule, runs: int = 1) -> str | None:
     """Run ``runs`` consecutive runs of ``protocol`` under ``schedule``; a message for the first problem, or None.
 
-    A serial launch is not simulated: its kernel boundaries finish every producer tile
-    before a consumer block starts, which is all the simulation would find.
+    The stream policy's launches are not simulated: their kernel boundaries finish every
+    producer tile before a consumer block reads it, which is all the simulation would find.
     """
-    if protocol.launch in STREAM_ORDERED:
+    if protocol.policy is None and protocol.launch in STREAM_ORDERED:
         return None
     for g in protocol.grids:
         msg = check_order(g, protocol.order)
@@ -959,7 +970,7 @@ def check(chain: Chain, config: Config, *, sms: int = 132, blocks_per_sm: int = 
 def _check(chain: Chain, config: Config, slots: int, runs: int, seed: int, schedules: int, sms: int) -> str | None:
     why = launch_allowed(config.policy, config.launch, config.dispatch) or next(
         (why for t in config.tiles if t.persistent and (why := persistent_allowed(config.dispatch, config.launch,
-                                                                                  t.tail_split))), None)
+                                                                                  t.tail_split, config.policy))), None)
     if why:
         return why
     try:

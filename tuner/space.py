@@ -397,12 +397,12 @@ def cluster_launch(dispatch: str, launch: str, grids: Sequence[StageGrid]) -> st
     return f"{', '.join(clustered)}: {why}" if why else None
 
 
-def persistent_launch(dispatch: str, launch: str, grids: Sequence[StageGrid]) -> str | None:
-    """Persistent stages need block dispatch outside a fused launch, and a split last wave a
-    stream-ordered launch (see :func:`tuner.sync.persistent_allowed`)."""
+def persistent_launch(policy: str, dispatch: str, launch: str, grids: Sequence[StageGrid]) -> str | None:
+    """Persistent stages need block dispatch outside a fused launch, and a split last wave the
+    stream policy (see :func:`tuner.sync.persistent_allowed`)."""
     for split in (False, True):
         named = [g.stage.name for g in grids if g.tiles.persistent and (g.tiles.tail_split or not split)]
-        why = persistent_allowed(dispatch, launch, tail_split=split) if named else None
+        why = persistent_allowed(dispatch, launch, tail_split=split, policy=policy) if named else None
         if why:
             return f"{', '.join(named)}: {why}"
     return None
@@ -626,7 +626,7 @@ class FeasibleSet:
         policy, _order, dispatch, launch, _prefetch = combo
         clusters = cluster_allowed(dispatch, launch) is None
         persistent = persistent_allowed(dispatch, launch) is None
-        tail = persistent_allowed(dispatch, launch, tail_split=True) is None
+        tail = persistent_allowed(dispatch, launch, tail_split=True, policy=policy) is None
         fused = launch == "fused"
         key = (policy, fused, clusters, persistent, tail)
         if key not in self._plans:
@@ -729,7 +729,7 @@ class FeasibleSet:
         why = cluster_launch(config.dispatch, config.launch, grids)
         if why is not None:
             return f"cluster_launch: {why}"
-        why = persistent_launch(config.dispatch, config.launch, grids)
+        why = persistent_launch(config.policy, config.dispatch, config.launch, grids)
         if why is not None:
             return f"persistent_launch: {why}"
         return None

@@ -133,28 +133,38 @@ ORDERS: dict[str, TileOrder] = {
 DISPATCHES = ("block", "ticket")
 
 # serial: one kernel per stage on one stream (a mode of the stream policy).
-# pdl: serial, but each kernel after the first is a programmatic dependent launch: it may be
-#   scheduled once every block of the kernel before it has started, and its blocks wait
-#   (griddepcontrol.wait) until that kernel has finished and its writes are visible; so the
-#   next stage's launch and block scheduling overlap the previous stage's tail (stream policy).
-#   A thread waits just before it first copies from the previous stage's output, so the copies
-#   that depend on no stage (the weights of a TMA-fed stage's ring, a KV cache) go first.
+# pdl: one stream, but each kernel after the first is a programmatic dependent launch: it may be
+#   scheduled once every block of the kernel before it has started (each calls
+#   griddepcontrol.launch_dependents first), so the next stage's launch and block scheduling
+#   overlap the previous stage's tail. Under the stream policy its blocks wait
+#   (griddepcontrol.wait) until that kernel has finished and its writes are visible: a thread
+#   waits just before it first copies from the previous stage's output, so the copies that depend
+#   on no stage (the weights of a TMA-fed stage's ring, a KV cache) go first. Under a tile policy
+#   they wait tile by tile on the semaphores instead: the dependent launch holds the consumer back
+#   exactly as two_stream's guard does, without the guard kernel or a second stream.
 # two_stream: producer and consumer on two streams; a one-block guard kernel holds the
 #   consumer back until every producer block has started, so spinning consumers can
 #   never keep a producer tile off the GPU.
 # fused: one launch; blocks take tickets across all stages in dependency order, so a
 #   tile only ever waits on tiles whose blocks are already running.
 LAUNCHES = ("serial", "pdl", "two_stream", "fused")
-STREAM_ORDERED = ("serial", "pdl")  # launches whose kernel boundaries order the stages
+STREAM_ORDERED = ("serial", "pdl")  # launches whose kernel boundaries may order the stages (the stream policy's)
 
 
 def launch_allowed(policy: str, launch: str, dispatch: str) -> str | None:
     """Why this policy/launch/dispatch combination is impossible, or None if it is fine."""
-    if (policy == "stream") != (launch in STREAM_ORDERED):
-        return "the stream policy runs exactly in the stream-ordered launch modes (serial, pdl)"
+    if policy == "stream" and launch not in STREAM_ORDERED:
+        return "the stream policy runs in the stream-ordered launch modes (serial, pdl)"
+    if policy != "stream" and launch == "serial":
+        return "a serial launch orders the stages by kernel boundaries: a sync policy runs in pdl, two_stream or fused"
     if launch == "fused" and dispatch != "ticket":
         return "a fused launch dispatches by ticket"
     return None
+
+
+def stream_ordered(policy: str, launch: str) -> bool:
+    """Whether kernel boundaries order the stages: the stream policy, in its serial or pdl launch."""
+    return policy == "stream" and launch in STREAM_ORDERED
 
 
 def cluster_allowed(dispatch: str, launch: str) -> str | None:
@@ -166,19 +176,20 @@ def cluster_allowed(dispatch: str, launch: str) -> str | None:
     return None
 
 
-def persistent_allowed(dispatch: str, launch: str, tail_split: bool = False) -> str | None:
+def persistent_allowed(dispatch: str, launch: str, tail_split: bool = False, policy: str = "stream") -> str | None:
     """Why stages of this dispatch/launch cannot run persistent blocks (``tail_split``: with the
-    partial last wave split along K), or None if they can. A persistent block takes the tiles
-    ``blockIdx.x``, ``+ gridDim.x``, ... in turn, which only block dispatch numbers so, and a fused
-    launch hands tickets out across stages. A persistent block waits tile by tile like any other,
-    and may hold its SM while it waits: in a two_stream launch every block of the producer has
-    started before any of the consumer's (the guard counts a persistent block's tiles), so no
-    waiting block can keep a producer tile off the GPU. The split wave's parts are summed through
-    counters that only the stream-ordered launches have been checked with."""
+    partial last wave split along K, under ``policy``), or None if they can. A persistent block
+    takes the tiles ``blockIdx.x``, ``+ gridDim.x``, ... in turn, which only block dispatch numbers
+    so, and a fused launch hands tickets out across stages. A persistent block waits tile by tile
+    like any other, and may hold its SM while it waits: in a pdl or two_stream launch every block
+    of the producer has started before any of the consumer's (the dependent launch, or the guard,
+    which counts a persistent block's tiles), so no waiting block can keep a producer tile off the
+    GPU. The split wave's parts are summed through counters that only the stream policy's launches
+    have been checked with."""
     if dispatch != "block" or launch == "fused":
         return "persistent blocks need block dispatch in a serial, pdl or two_stream launch"
-    if tail_split and launch not in STREAM_ORDERED:
-        return "a persistent stage whose last wave is split along K needs a stream-ordered launch (serial, pdl)"
+    if tail_split and not stream_ordered(policy, launch):
+        return "a persistent stage whose last wave is split along K needs the stream policy (serial, pdl)"
     return None
 
 
