@@ -120,8 +120,8 @@ def reallocated(chain: Chain) -> list[Config]:
 
 def persistent(chain: Chain, sms: int) -> list[Config]:
     """TMA configs whose stages run persistent blocks on a device of ``sms`` SMs, each block looping
-    over several tiles: under every launch and policy that allows them (the stream-ordered ones and
-    two_stream with tile waits) and both orders, cycling through the
+    over several tiles: under every policy and launch that allows them (the stream policy in serial
+    and pdl, the tile and row policies in pdl and two_stream) and both orders, cycling through the
     plain tile, the transposed tile (where M has the rows, of 160 rows, whose epilogue parks fp32
     rows 64, 64 and 32 at a time, and of 128, parked by stmatrix for the TMA in two rounds), a
     2x1 cluster where the tile grid divides and the two-warpgroup
