@@ -161,10 +161,12 @@ def test_soundness_rejects_a_planted_policy_naming_the_consumer_tile(chain, bug)
     assert why.startswith("gemm2 tile (m=") and " chunk " in why and "reads gemm1 tile (m=" in why
 
 
+@pytest.mark.parametrize("launch", ["two_stream", "pdl"])
 @pytest.mark.parametrize("bug", PLANTED)
-def test_the_simulation_alone_catches_the_same_planted_policy(chain, bug):
-    # Independent of the static check: the simulated blocks load a chunk before its producer tile posted.
-    protocol = Protocol.of(chain, config(), policy=PLANTED[bug])
+def test_the_simulation_alone_catches_the_same_planted_policy(chain, bug, launch):
+    # Independent of the static check: the simulated blocks load a chunk before its producer tile
+    # posted, in either launch that runs a sync policy on its own kernels.
+    protocol = Protocol.of(chain, config(launch=launch), policy=PLANTED[bug])
     why = simulate(protocol, Schedule("adversarial", 132), runs=1)
     assert why is not None and why.startswith("gemm2 tile (m=") and "in run 1" in why, why
 
@@ -243,6 +245,14 @@ def test_a_fused_launch_runs_in_a_single_slot_but_two_streams_need_one_beside_th
     assert check(chain, config(launch="fused"), sms=1) is None
     why = check(chain, config(launch="two_stream"), sms=1)
     assert why.startswith("deadlock") and "the guard waits" in why
+
+
+def test_a_dependent_launch_holds_the_consumer_back_until_every_producer_block_has_started(chain):
+    # No guard takes a slot: one slot is enough, the producer's blocks all starting (and, with one
+    # slot, finishing) before the consumer's first. (Unguarded, two_stream deadlocks: above.)
+    for policy in ("tile", "row"):
+        assert check(chain, config(policy=policy, launch="pdl"), sms=1) is None
+        assert check(chain, config(policy=policy, launch="pdl", dispatch="block"), sms=132) is None
 
 
 # ---------------------------------------------------------------------------
