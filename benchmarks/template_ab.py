@@ -83,8 +83,7 @@ def tile_variant(chain, config, change: str, device) -> "Config | None":
 
     from tuner.checker import check
     from tuner.config import GLOBAL_FIELDS, TILE_FIELDS
-    from tuner.space import Limits, cluster_launch, persistent_launch, policy_requires, stage_problem
-    from tuner.sync import launch_allowed
+    from tuner.space import Limits, chain_problem, stage_problem
     from tuner.tiling import StageGrid, tile_value
 
     fields, globals_ = {}, {}
@@ -102,11 +101,7 @@ def tile_variant(chain, config, change: str, device) -> "Config | None":
         new = replace(t, **fields)
         tiles.append(new if stage_problem(StageGrid(st, new), Limits(), device) is None else t)
     out = replace(config, tiles=tuple(tiles), **globals_)
-    grids = out.grids(chain)
-    if out == config or launch_allowed(out.policy, out.launch, out.dispatch) \
-            or persistent_launch(out.policy, out.dispatch, out.launch, grids) or cluster_launch(out.dispatch, out.launch, grids) \
-            or any(policy_requires(out.policy, grids[g.stage.a_from], g) for g in grids if g.stage.a_from is not None) \
-            or check(chain, out, sms=device.sms):
+    if out == config or chain_problem(out, chain, device) or check(chain, out, sms=device.sms):
         return None
     return out
 

@@ -51,7 +51,7 @@ def ablations(contestants: dict[str, Config], fields: list[str], chain: Chain, d
     ``field`` that the constraints and the checker allow (in the search space or not), named
     ``"<kind> <field>=<value>"``: what that one choice is worth, timed in the same rounds."""
     from .checker import check  # noqa: PLC0415
-    from .space import GLOBAL_CHOICES, combo_problem  # noqa: PLC0415
+    from .space import GLOBAL_CHOICES, chain_problem  # noqa: PLC0415
 
     out: dict[str, Config] = {}
     for kind in SYNC_KINDS:
@@ -60,7 +60,7 @@ def ablations(contestants: dict[str, Config], fields: list[str], chain: Chain, d
             for value in GLOBAL_CHOICES[field]:
                 other = replace(cfg, **{field: value})
                 if (value != getattr(cfg, field) and other not in contestants.values()
-                        and combo_problem(other.globals, chain, device) is None
+                        and chain_problem(other, chain, device) is None
                         and check(chain, other, sms=device.sms) is None):
                     out[f"{kind} {field}={value}"] = other
     return out

@@ -968,11 +968,14 @@ def check(chain: Chain, config: Config, *, sms: int = 132, blocks_per_sm: int = 
 
 @lru_cache(maxsize=4096)
 def _check(chain: Chain, config: Config, slots: int, runs: int, seed: int, schedules: int, sms: int) -> str | None:
-    why = launch_allowed(config.policy, config.launch, config.dispatch) or next(
-        (why for t in config.tiles if t.persistent and (why := persistent_allowed(config.dispatch, config.launch,
-                                                                                  t.tail_split, config.policy))), None)
+    why = launch_allowed(config.policy, config.launch, config.dispatch)
     if why:
         return why
+    # The simulation models persistent blocks only where they may run.
+    for t in config.tiles:
+        why = persistent_allowed(config.dispatch, config.launch, t.tail_split, config.policy) if t.persistent else None
+        if why:
+            return why
     try:
         protocol = Protocol.of(chain, config, sms=sms)
     except ValueError as exc:

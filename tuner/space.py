@@ -440,6 +440,30 @@ CHAIN_CONSTRAINTS = ("launch_mode", "prefetch_fits", "policy_requires", "fused_t
                      "persistent_launch")
 
 
+def chain_problem(config: Config, chain: Chain, dev: DeviceInfo,
+                  grids: Sequence[StageGrid] | None = None) -> tuple[str, str] | None:
+    """The constraint across the chain (:data:`CHAIN_CONSTRAINTS`) that ``config`` breaks, with why,
+    or None: its global combination's (:func:`combo_problem`), then its tilings' together. Each
+    stage's own constraints are :func:`stage_problem`'s. ``grids``: the config's, if at hand."""
+    problem = combo_problem(config.globals, chain, dev)
+    if problem is not None:
+        return problem
+    grids = config.grids(chain) if grids is None else grids
+    for g in grids:
+        if g.stage.a_from is not None:
+            why = policy_requires(config.policy, grids[g.stage.a_from], g)
+            if why is not None:
+                return "policy_requires", why
+    why = fused_threads(config.launch, grids)
+    if why is not None:
+        return "fused_threads", why
+    why = cluster_launch(config.dispatch, config.launch, grids)
+    if why is not None:
+        return "cluster_launch", why
+    why = persistent_launch(config.policy, config.dispatch, config.launch, grids)
+    return ("persistent_launch", why) if why is not None else None
+
+
 # ---------------------------------------------------------------------------
 # The feasible set
 
@@ -714,25 +738,8 @@ class FeasibleSet:
             why = self._stage_reason(g)
             if why is not None:
                 return f"{why[0]}: {g.stage.name}: {why[1]}"
-        problem = combo_problem(config.globals, self.chain, self.device)
-        if problem is not None:
-            return f"{problem[0]}: {problem[1]}"
-        for j, g in enumerate(grids):
-            a = g.stage.a_from
-            if a is not None:
-                why = policy_requires(config.policy, grids[a], g)
-                if why is not None:
-                    return f"policy_requires: {why}"
-        why = fused_threads(config.launch, grids)
-        if why is not None:
-            return f"fused_threads: {why}"
-        why = cluster_launch(config.dispatch, config.launch, grids)
-        if why is not None:
-            return f"cluster_launch: {why}"
-        why = persistent_launch(config.policy, config.dispatch, config.launch, grids)
-        if why is not None:
-            return f"persistent_launch: {why}"
-        return None
+        problem = chain_problem(config, self.chain, self.device, grids)
+        return f"{problem[0]}: {problem[1]}" if problem is not None else None
 
     def unrank(self, i: int) -> Config:
         """The i-th feasible config in canonical order, 0 <= i < size."""
