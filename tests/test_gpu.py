@@ -9,6 +9,20 @@ from tuner.workloads import get_workload
 pytestmark = pytest.mark.gpu
 
 
+@pytest.fixture(scope="module", autouse=True)
+def kernels_compiled_ahead():
+    """Every kernel of this module's cases compiled before the first test, in one pool over all the
+    host's cores: on a cold cache each test's own batch of a few dozen left most cores idle at its
+    tail. A carried cache answers at once (``tests/precompile_gpu.py`` lists the sources)."""
+    from precompile_gpu import sources
+
+    from tuner.backends.gpu import query_device
+    from tuner.compile import compile_many, target_arch
+
+    for _ in compile_many(sources().items(), target_arch(query_device().arch), accept_other_toolkit=True):
+        pass
+
+
 @pytest.fixture(scope="module")
 def backend():
     from tuner.backends.gpu import GpuBackend
