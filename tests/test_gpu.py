@@ -10,10 +10,13 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module", autouse=True)
-def kernels_compiled_ahead():
+def kernels_compiled_ahead(request):
     """Every kernel of this module's cases compiled before the first test, in one pool over all the
     host's cores: on a cold cache each test's own batch of a few dozen left most cores idle at its
-    tail. A carried cache answers at once (``tests/precompile_gpu.py`` lists the sources)."""
+    tail. A carried cache answers at once (``tests/precompile_gpu.py`` lists the sources). A run of
+    a few of the tests (``-k``) compiles just theirs, as each test does for itself."""
+    if sum(getattr(item, "module", None) is request.module for item in request.session.items) < 10:
+        return
     from precompile_gpu import sources
 
     from tuner.backends.gpu import query_device
