@@ -111,28 +111,3 @@ def test_a_last_wave_split_along_k_compiles_without_spills(tmp_path):
     sources, results, _ = compile_all([(chain, c) for c in cfgs], tmp_path)
     bad = problems(sources, results)
     assert not bad, "\n".join(bad)
-
-
-def test_the_tile_policys_look_ahead_compiles_without_spills_on_every_path(tmp_path, monkeypatch):
-    """The tile policy's batched semaphore check (``SyncPolicy.look`` above 1) is off until a GPU
-    has timed it, so no shipped config renders it; its code must still build on every copy path
-    (cp.async, wgmma, TMA, transposed, persistent, the register-moving producer with its 40
-    registers) and stage kind."""
-    from dataclasses import replace
-
-    from tuner import sync
-
-    monkeypatch.setitem(sync.POLICIES, "tile", replace(sync.POLICIES["tile"], look=8))
-    gpt3, odd = WORKLOADS["gpt3"].chain(tokens=64), WORKLOADS["gpt3"].chain(tokens=1000, hidden=1032, ffn=776)
-    pairs = [(gpt3, c) for mma in ("sync", "wgmma", "wgmma_tma", "wgmma_tma_t") for c in coverage(gpt3, mma)]
-    pairs += [(odd, c) for c in persistent(odd, 8) + reallocated(odd)]
-    for name, size in (("resnet38", {"batch": 1}), ("llama-attn", {"tokens": 1000, "cache": 0})):
-        chain = WORKLOADS[name].chain(**size)
-        pairs += [(chain, c) for c in coverage(chain, "wgmma")]
-    pairs = [(ch, c) for ch, c in pairs if c.policy == "tile"]
-    sources, results, _ = compile_all(pairs, tmp_path)
-    assert all("posted_ahead" in r.source for _, _, r in sources.values())
-    assert {c.tiles[0].mma for _, c in pairs} >= {"sync", "wgmma", "wgmma_tma", "wgmma_tma_t"}
-    assert any(t.persist for _, c in pairs for t in c.tiles) and any(t.realloc for _, c in pairs for t in c.tiles)
-    bad = problems(sources, results)
-    assert not bad, "\n".join(bad)

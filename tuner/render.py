@@ -299,8 +299,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
             kind_env = {k: v for k, v in kind_of(grids[i].stage).env(grids[i].stage, "2").items() if k in read}
             stages[i]["wait"] = dict(env=env, kind_env=kind_env, sem_base=base, regions=waits,
                                      doc=f"sync policy '{regions[0].name}': {regions[0].doc}",
-                                     when=" || ".join(w["when"] for w in waits), reads_n2="n2" in read,
-                                     look=regions[0].look)
+                                     when=" || ".join(w["when"] for w in waits), reads_n2="n2" in read)
             if config.launch == "two_stream":
                 started = words.take(1)
                 stages[i - 1]["started"] = started

@@ -44,11 +44,6 @@ class SyncPolicy:
     row ``r`` in ``[wait_row_lo, wait_row_hi]``, until semaphore ``wait_sem`` holds
     ``epoch * wait_count``, and within a row for every producer tile column ``c`` in
     ``[wait_col_lo, wait_col_hi]``. ``sems`` is how many semaphores the policy needs.
-
-    ``look``: how many chunks one check reads ahead. Where it is above 1, the copying thread
-    loads the semaphores of the next ``look`` chunks at once (one round trip, not one a chunk)
-    and skips the waits of every chunk it found posted; a chunk not yet posted is spun on alone.
-    At 1 the kernel checks chunk by chunk, and none of the look-ahead is rendered.
     """
 
     name: str
@@ -64,7 +59,6 @@ class SyncPolicy:
     wait_count: Expr
     requires: Expr  # a hard constraint this policy puts on the tiling (1 = fine)
     requires_doc: str = ""
-    look: int = 1
 
     def bind(self, index_map: Mapping[str, Expr]) -> "SyncPolicy":
         """The policy with the index map's names (``A_ROW_LO``...) replaced by a stage kind's formulas."""
@@ -93,14 +87,11 @@ POLICIES: dict[str, SyncPolicy | None] = {
         wait_sem=Expr("r * NT1 + c"), wait_count=Expr("1"),
         # Where chunks walk along the columns (CSTEP2 = 1), a chunk must not start inside one producer
         # tile and end in the next: the wait above would miss the second.
+        # One check a waited chunk: loading the next 4-16 chunks' semaphores in one round trip and
+        # skipping the checks of those seen posted was measured 3-40% slower (results page,
+        # "The tile policy's batched check"), so it was taken out.
         requires=Expr("CSTEP2 == 0 or BN1 % BK2 == 0"),
-        requires_doc="the producer's BN must be a multiple of the consumer's BK",
-        # One semaphore load a chunk, each a round trip to L2 on the copying thread, drained the ring
-        # at gpt3 2048 (3% of the chain). Loading eight chunks' semaphores together should win that
-        # back; it stays 1 (one check a chunk, the kernels as measured) until a GPU has verified
-        # and timed the look-ahead (benchmarks/template_ab.py with a copy of kernel_templates/
-        # whose chain.cu.j2 sets the look to 8).
-        look=1),
+        requires_doc="the producer's BN must be a multiple of the consumer's BK"),
     "row": SyncPolicy(
         "row", "wait once, before the first K chunk, for every producer tile of the rows read",
         sems=Expr("MT1"), post_sem=Expr("m1"),
