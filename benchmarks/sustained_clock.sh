@@ -11,8 +11,9 @@
 #
 # LABEL and RANK pick the config as profile_config.py does, LIBRARY_LABEL and VARIANT the
 # library's form as profile_library.py does. For each run: the mean clock and power of the
-# samples drawing at least half the run's peak power (the timed loop, not the setup), and the
-# most frequent samples. Writes OUTDIR/smi_<n>_<who>.txt and OUTDIR/run_<n>_<who>.txt.
+# samples drawing at least half the run's peak power (the timed loop, not the setup). IDLE_S:
+# seconds of idle after each run (default 5). Writes OUTDIR/smi_<n>_<who>.txt (the samples) and
+# OUTDIR/run_<n>_<who>.txt (the script's output).
 set -uo pipefail
 [ $# -ge 6 ] || { echo "usage: $0 OUTDIR RECORDING LABEL RANK LIBRARY_LABEL VARIANT [RUNS]" >&2; exit 2; }
 out=$1 recording=$2 label=$3 rank=$4 lib_label=$5 variant=$6 runs=${7:-8000}
@@ -32,7 +33,7 @@ for who in ours library ours library; do
     fi > "$out/run_${n}_$who.txt" 2>&1 || { kill $sampler; echo "$who failed: $out/run_${n}_$who.txt" >&2; exit 1; }
     kill $sampler
     wait $sampler 2> /dev/null
-    sleep 5  # idle between runs, so each starts from the same clock
+    sleep "${IDLE_S:-5}"  # idle between runs, so each starts from the same clock
     awk -F', ' -v who="$who" '{ w[NR] = $2; c[NR] = $1; if ($2 > peak) peak = $2 }
         END { for (i = 1; i <= NR; i++) if (w[i] >= peak / 2) { k++; mc += c[i]; mw += w[i] }
               printf "%-8s %4d samples at load: %6.0f MHz, %5.0f W (peak %.0f W)\n", who, k, mc / k, mw / k, peak }' "$smi"

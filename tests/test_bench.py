@@ -3,6 +3,9 @@ rounds pick, and the table."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -342,3 +345,41 @@ def test_the_variant_scripts_refuse_a_config_the_recording_lacks_in_one_line(scr
     assert done.returncode != 0
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("--config studies/recheck/gpt3-256.measurements.json gpt3.gemm9/tokens=256: ")
+
+
+def test_the_sustained_clock_script_alternates_ours_and_the_library_and_summarizes_the_loaded_samples(tmp_path):
+    """benchmarks/sustained_clock.sh, run with a scripted nvidia-smi (an idle sample, then loaded
+    ones) and stand-ins for the two profiling scripts: four runs, each summarized from the samples
+    drawing at least half the run's peak power."""
+    root = Path(__file__).resolve().parents[1]
+    bench_dir = tmp_path / "benchmarks"
+    bench_dir.mkdir()
+    shutil.copy(root / "benchmarks" / "sustained_clock.sh", bench_dir)
+    for name in ("profile_config.py", "profile_library.py"):
+        (bench_dir / name).write_text(f"import sys, time\ntime.sleep(0.4)\nprint('{name}', *sys.argv[1:])\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/usr/bin/env bash\necho '345, 70.00, 0x1'\n"
+                   "while true; do echo '1400, 650.00, 0x0'; sleep 0.02; done\n")
+    smi.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "IDLE_S": "0"}
+    done = subprocess.run(["bash", str(bench_dir / "sustained_clock.sh"), out, "rec.json", "gpt3.gemm2/tokens=2048",
+                           "1", "gpt3.gemm2/tokens=2048,hidden=12288,ffn=6144", "torch graph", "10"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [ln.split()[0] for ln in lines] == ["ours", "library", "ours", "library"]
+    assert all("1400 MHz" in ln and "650 W (peak 650 W)" in ln for ln in lines), lines
+    assert (out / "run_1_ours.txt").read_text().split() == [
+        "profile_config.py", "rec.json", "--label", "gpt3.gemm2/tokens=2048", "--rank", "1", "--runs", "10"]
+    assert "--variant torch graph --runs 10" in (out / "run_2_library.txt").read_text()
+
+
+def test_the_sustained_clock_script_says_how_to_call_it_when_arguments_are_missing():
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(["bash", str(root / "benchmarks" / "sustained_clock.sh"), "out"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("usage: ") and "OUTDIR RECORDING LABEL RANK" in done.stderr
