@@ -88,7 +88,7 @@ POLICIES: dict[str, SyncPolicy | None] = {
         # Where chunks walk along the columns (CSTEP2 = 1), a chunk must not start inside one producer
         # tile and end in the next: the wait above would miss the second.
         # One check a waited chunk: loading the next 4-16 chunks' semaphores in one round trip and
-        # skipping the checks of those seen posted was measured 3-40% slower (results page,
+        # skipping the checks of those seen posted was measured 4.5-41% slower (results page,
         # "The tile policy's batched check"), so it was taken out.
         requires=Expr("CSTEP2 == 0 or BN1 % BK2 == 0"),
         requires_doc="the producer's BN must be a multiple of the consumer's BK"),
