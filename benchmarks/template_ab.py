@@ -18,7 +18,10 @@ results. The rounds interleave every source of a config after idle (the H200's c
 under sustained load), in CUDA graphs with ``--graphs``. Prints the median of rounds of each
 source and its ratio to this checkout's (below 1: the variant is faster); with ``--library``, the
 library's chain of the same shape (bench's baselines) too. Each ``--also`` change is rendered from
-this checkout and from every variant folder. GPU only.
+this checkout and from every variant folder. With ``--sustained SECONDS`` every source is timed
+right after about SECONDS of its own back-to-back runs, with no idle: at the clock that the
+power cap leaves under sustained load, where a kernel that draws more power runs slower (rounds
+after idle hide that). GPU only.
 """
 from __future__ import annotations
 
@@ -74,6 +77,12 @@ def picked_configs(specs: list[list[str]]) -> list[Record]:
     return targets
 
 
+def sustained(timers: dict, runs: int) -> dict:
+    """Each ``timer(warmup, reps)`` with its warm-up replaced by ``runs`` runs of its own: the source
+    times at the clock its own sustained load leaves (the power cap), not at the clock of an idle GPU."""
+    return {name: (lambda warmup, reps, timer=timer: timer(runs, reps)) for name, timer in timers.items()}
+
+
 def tile_variant(chain, config, change: str, device) -> "Config | None":
     """``config`` with the fields of ``change`` (``FIELD=VALUE[,FIELD=VALUE ...]``, set together):
     tile fields in every stage that the search space's per-stage constraints accept them in, global
@@ -118,10 +127,16 @@ def main() -> int:
                     help="time the library's chain of the same shape in the same rounds too (cuBLAS through "
                          "CuPy, PyTorch's variants, as bench's baselines)")
     also_arguments(ap)
+    ap.add_argument("--sustained", type=float, metavar="SECONDS",
+                    help="time each source after about SECONDS of its own back-to-back runs, with no idle "
+                         "between sources: the clock the power cap leaves under sustained load, which rounds "
+                         "after idle hide (a kernel that draws more power runs slower there)")
     ap.add_argument("--timing-only", action="store_true",
                     help="time the variant folders' sources without checking their results (experiments that "
                          "take work out by design; printed as unverified, never results)")
     args = ap.parse_args()
+    if args.sustained is not None and not args.sustained > 0:
+        raise SystemExit(f"--sustained {args.sustained:g}: give a positive number of seconds")
     if args.timing_only and not args.variants:
         raise SystemExit("--timing-only applies to variant folders; give one (a folder holding kernel_templates/)")
     homes = variant_homes(args.variants)
@@ -164,8 +179,12 @@ def main() -> int:
 
             p = gpu.problem(chain)
             library = baseline_timers(chain, list(zip(p.xs, p.ws)), graphs=args.graphs)
-        got = gpu.time_rounds(chain, [], args.rounds, extra={**timers, **library})
-        print(f"{rec.label}: {rec.config.short()} (recorded {rec.measurement.median_us:.1f} us)")
+        every = {**timers, **library}
+        if args.sustained:  # the recorded time stands for every source's: they compute the same shape
+            every = sustained(every, max(1, round(args.sustained * 1e6 / rec.measurement.median_us)))
+        got = gpu.time_rounds(chain, [], args.rounds, extra=every, idle_s=0.0 if args.sustained else None)
+        print(f"{rec.label}: {rec.config.short()} (recorded {rec.measurement.median_us:.1f} us)"
+              + (f", each after {args.sustained:g} s of its own runs" if args.sustained else ""))
         base = median(got["this checkout"]) if "this checkout" in got else None
         for name in names + list(library):
             if name in failed:

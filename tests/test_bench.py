@@ -383,3 +383,19 @@ def test_the_sustained_clock_script_says_how_to_call_it_when_arguments_are_missi
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
     assert done.stderr.strip().startswith("usage: ") and "OUTDIR RECORDING LABEL RANK" in done.stderr
+
+
+def test_template_ab_sustained_timing_replaces_each_timers_warmup_with_its_own_long_run(monkeypatch, run_benchmark):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from template_ab import sustained
+
+    calls = []
+    timers = {name: (lambda warmup, reps, name=name: calls.append((name, warmup, reps)) or [1.0] * reps)
+              for name in ("this checkout", "torch graph")}
+    wrapped = sustained(timers, 5000)
+    assert wrapped["this checkout"](5, 30) == [1.0] * 30 and wrapped["torch graph"](5, 30) == [1.0] * 30
+    assert calls == [("this checkout", 5000, 30), ("torch graph", 5000, 30)]
+    done = run_benchmark("template_ab.py", "--sustained", "0", "--config", "studies/recheck/gpt3-256.measurements.json",
+                         "gpt3.gemm2/tokens=256")
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == ["--sustained 0: give a positive number of seconds"]
