@@ -77,12 +77,6 @@ def picked_configs(specs: list[list[str]]) -> list[Record]:
     return targets
 
 
-def sustained(timers: dict, runs: int) -> dict:
-    """Each ``timer(warmup, reps)`` with its warm-up replaced by ``runs`` runs of its own: the source
-    times at the clock its own sustained load leaves (the power cap), not at the clock of an idle GPU."""
-    return {name: (lambda warmup, reps, timer=timer: timer(runs, reps)) for name, timer in timers.items()}
-
-
 def tile_variant(chain, config, change: str, device) -> "Config | None":
     """``config`` with the fields of ``change`` (``FIELD=VALUE[,FIELD=VALUE ...]``, set together):
     tile fields in every stage that the search space's per-stage constraints accept them in, global
@@ -179,10 +173,7 @@ def main() -> int:
 
             p = gpu.problem(chain)
             library = baseline_timers(chain, list(zip(p.xs, p.ws)), graphs=args.graphs)
-        every = {**timers, **library}
-        if args.sustained:  # the recorded time stands for every source's: they compute the same shape
-            every = sustained(every, max(1, round(args.sustained * 1e6 / rec.measurement.median_us)))
-        got = gpu.time_rounds(chain, [], args.rounds, extra=every, idle_s=0.0 if args.sustained else None)
+        got = gpu.time_rounds(chain, [], args.rounds, extra={**timers, **library}, heat_s=args.sustained or 0.0)
         print(f"{rec.label}: {rec.config.short()} (recorded {rec.measurement.median_us:.1f} us)"
               + (f", each after {args.sustained:g} s of its own runs" if args.sustained else ""))
         base = median(got["this checkout"]) if "this checkout" in got else None

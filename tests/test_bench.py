@@ -272,12 +272,14 @@ def test_each_stage_alone_is_timed_again_with_its_fastest_tilings_against_the_li
 
     class Gpu:
         timed: list = []
+        heat: list = []
 
         def problem(self, ch):
             return type("P", (), {"xs": [0], "ws": [[0]]})()
 
-        def time_rounds(self, ch, cfgs, rounds, extra, graphs):
+        def time_rounds(self, ch, cfgs, rounds, extra, graphs, heat_s):
             self.timed.append((ch.label, cfgs, sorted(extra)))
+            self.heat.append(heat_s)
             return {**{c: [10.0 + i] * rounds for i, c in enumerate(cfgs)}, **{k: [11.0] * rounds for k in extra}}
 
     import optuna
@@ -290,9 +292,10 @@ def test_each_stage_alone_is_timed_again_with_its_fastest_tilings_against_the_li
                                                   value=best.value, user_attrs=other.user_attrs))
     monkeypatch.setattr(baselines, "baseline_timers", lambda ch, sets, graphs: {"cupy cublas": None})
     gpu = Gpu()
-    rows = bench.stage_rounds(gpu, chain, storage, replay.device_info(), False, log=lambda *_: None)
+    rows = bench.stage_rounds(gpu, chain, storage, replay.device_info(), False, log=lambda *_: None, sustained_s=2.0)
     assert [r["stage"] for r in rows] == ["gemm1", "gemm2"] and [t[0] for t in gpu.timed] == [
         chain.alone(0).label, chain.alone(1).label]
+    assert gpu.heat == [2.0, 2.0]  # bench --sustained reaches each stage's rounds
     for r, (_, cfgs, names) in zip(rows, gpu.timed):
         assert 1 <= len(cfgs) <= bench.STAGE_FINALISTS and all(len(c.tiles) == 1 for c in cfgs)
         assert r["ours_us"] == 10.0 and r["config"] == cfgs[0].short() and r["baselines_us"] == {"cupy cublas": 11.0}
@@ -385,16 +388,25 @@ def test_the_sustained_clock_script_says_how_to_call_it_when_arguments_are_missi
     assert done.stderr.strip().startswith("usage: ") and "OUTDIR RECORDING LABEL RANK" in done.stderr
 
 
-def test_template_ab_sustained_timing_replaces_each_timers_warmup_with_its_own_long_run(monkeypatch, run_benchmark):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from template_ab import sustained
+def test_sustained_final_rounds_time_each_source_right_after_its_own_long_run_without_idle(monkeypatch):
+    """time_rounds(heat_s=...): a probe of each source sets how many of its runs fill heat_s, and
+    each timing queues that many of its own runs first; nothing sleeps between sources."""
+    import time as time_module
 
+    slept = []
+    monkeypatch.setattr(time_module, "sleep", lambda s: slept.append(s))
     calls = []
-    timers = {name: (lambda warmup, reps, name=name: calls.append((name, warmup, reps)) or [1.0] * reps)
-              for name in ("this checkout", "torch graph")}
-    wrapped = sustained(timers, 5000)
-    assert wrapped["this checkout"](5, 30) == [1.0] * 30 and wrapped["torch graph"](5, 30) == [1.0] * 30
-    assert calls == [("this checkout", 5000, 30), ("torch graph", 5000, 30)]
+    extra = {"ours": lambda w, r: calls.append(("ours", w, r)) or [100.0] * r,
+             "torch graph": lambda w, r: calls.append(("torch graph", w, r)) or [400.0] * r}
+    backend = FakeBackend([])
+    backend.IDLE_S = 0.3
+    out = GpuBackend.time_rounds(backend, CHAIN64, [], 2, extra=extra, heat_s=2.0)
+    assert calls == [("ours", 1, 5), ("torch graph", 1, 5),  # the probes
+                     ("ours", 20000, 3), ("torch graph", 5000, 3), ("ours", 20000, 3), ("torch graph", 5000, 3)]
+    assert out == {"ours": [100.0, 100.0], "torch graph": [400.0, 400.0]} and slept == []
+
+
+def test_template_ab_refuses_a_sustained_time_that_is_not_positive_in_one_line(run_benchmark):
     done = run_benchmark("template_ab.py", "--sustained", "0", "--config", "studies/recheck/gpt3-256.measurements.json",
                          "gpt3.gemm2/tokens=256")
     assert done.returncode != 0

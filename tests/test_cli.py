@@ -78,6 +78,7 @@ BAD_SPACE = "[stage]\nbm = [16]\nbn = [64]\nbk = [32]\nwm = [1]\nwn = [1]\nstage
     (["study", "llama", "--tokens", "1", "--ffn", "3588"], ["--ffn 3588", "multiple of 8", "3584 or 3592"]),
     (["study", "gpt3", "--replay-file", "/nonexistent/rec.json"], ["cannot read recording", "/nonexistent/rec.json"]),
     (["study", "gpt3", "--graphs"], ["--graphs", "on a GPU", "without --graphs"]),
+    (["bench", "gpt3", "--sustained", "0"], ["--sustained", "positive number of seconds"]),
     (["frobnicate"], ["invalid choice", "study"]),
     (["export", "gpt4"], ["unknown workload"]),
 ])

@@ -99,3 +99,11 @@ def test_a_row_timed_in_graphs_outranks_one_timed_as_launches_and_a_run_outranks
     later = [i for i, p in enumerate(shipped) if p.parent.name in LATER_RUNS]
     assert later and min(later) > max(i for i, p in enumerate(shipped) if p.parent.name == "studies")
     assert s.sources[get_workload("llama").chain(tokens=1024).label].endswith("realloc/llama-1024.bench.json")
+
+
+def test_a_summary_timed_under_sustained_load_says_so_beside_its_source(tmp_path):
+    p = summary(tmp_path, "hot.bench.json", [row(2048, 800.0)], graphs=True)
+    doc = json.loads(p.read_text())
+    p.write_text(json.dumps({**doc, "sustained_s": 2.0}))
+    text = write_report("gpt3", [p], tmp_path / "out").read_text()
+    assert "hot.bench.json` (in CUDA graphs, each after 2 s of its own runs) |" in text

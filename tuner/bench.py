@@ -69,10 +69,12 @@ def ablations(contestants: dict[str, Config], fields: list[str], chain: Chain, d
 STAGE_FINALISTS = 3  # fastest tilings of each stage timed alone again against cuBLAS
 
 
-def stage_rounds(gpu, chain: Chain, storage: str, device, graphs: bool, log=print) -> list[dict[str, Any]]:
+def stage_rounds(gpu, chain: Chain, storage: str, device, graphs: bool, log=print,
+                 sustained_s: float = 0.0) -> list[dict[str, Any]]:
     """Each stage alone: its fastest tilings of the stage pass timed again with the baselines of
-    that one stage (a cuBLAS GEMM with its epilogue, PyTorch's) in interleaved rounds. The GEMM
-    our chains are built from against the library kernel for the same shape and epilogue."""
+    that one stage (a cuBLAS GEMM with its epilogue, PyTorch's) in interleaved rounds (each timing
+    after ``sustained_s`` of its own runs where given: GpuBackend.time_rounds). The GEMM our chains
+    are built from against the library kernel for the same shape and epilogue."""
     from .baselines import baseline_timers  # noqa: PLC0415
 
     out = []
@@ -88,7 +90,7 @@ def stage_rounds(gpu, chain: Chain, storage: str, device, graphs: bool, log=prin
             continue
         p = gpu.problem(alone)
         extra = baseline_timers(alone, list(zip(p.xs, p.ws)), graphs=graphs)
-        got = gpu.time_rounds(alone, cfgs, ROUNDS, extra=extra, graphs=graphs)
+        got = gpu.time_rounds(alone, cfgs, ROUNDS, extra=extra, graphs=graphs, heat_s=sustained_s)
         ours = {c: median(v) for c in cfgs if isinstance(v := got.get(c), list) and v}
         best = min(ours, key=ours.get) if ours else None
         row = {"stage": st.name, "shape": [st.m, st.n, st.k], "epilogue": st.epilogue,
@@ -103,8 +105,10 @@ def stage_rounds(gpu, chain: Chain, storage: str, device, graphs: bool, log=prin
 def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path: Path, storage: str, *,
               strategy: str = "staged", trials: int | None = None, seed: int = 0,
               compare: list[Path] = (), log=print, graphs: bool = False, ablate: list[str] = (),
-              stages: bool = False) -> dict[str, Any]:
-    """Search, then time the finalists with every baseline, for every size; returns (and writes) the summary."""
+              stages: bool = False, sustained_s: float = 0.0) -> dict[str, Any]:
+    """Search, then time the finalists with every baseline, for every size; returns (and writes) the
+    summary. ``sustained_s``: the final rounds time each contestant right after that many seconds of
+    its own runs, not after idle (GpuBackend.time_rounds)."""
     from .backends.gpu import GpuBackend
     from .backends.replay import write_recording
     from .baselines import baseline_timers, floor_us, gemm_rate, read_bandwidth
@@ -146,7 +150,7 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
         contestants.update(ablations(contestants, list(ablate), ch, dev))
         p = gpu.problem(ch)
         extra = baseline_timers(ch, list(zip(p.xs, p.ws)), graphs=graphs)
-        got = gpu.time_rounds(ch, list(contestants.values()), ROUNDS, extra=extra, graphs=graphs)
+        got = gpu.time_rounds(ch, list(contestants.values()), ROUNDS, extra=extra, graphs=graphs, heat_s=sustained_s)
         rounds: dict[str, list[float]] = {}
         for name, cfg in contestants.items():
             if isinstance(got.get(cfg), list):
@@ -177,17 +181,19 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
                "pdl_config": found["pdl"][1].to_dict() if "pdl" in found else None,
                "tile_config": found["tile"][1].to_dict() if "tile" in found else None}
         if stages:
-            row["stages_alone"] = stage_rounds(gpu, ch, storage, dev, graphs, log)
+            row["stages_alone"] = stage_rounds(gpu, ch, storage, dev, graphs, log, sustained_s)
         rows.append(row)
         log(_row_text(row))
         # Written after every size, so an interrupted bench keeps what it measured.
         summary = {"schema": 1, "kind": "tuner-bench", "workload": workload, "device": dev.to_dict(),
                    "command": command, "read_bandwidth_Bps": bw, "gemm_flops": rate, "rows": rows,
-                   "graphs": graphs}
+                   "graphs": graphs, "sustained_s": sustained_s}
         summary["network"] = network_figures(summary, workload)
         out.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     if graphs:
         log("our chains and the CuPy chain timed inside CUDA graphs, as PyTorch's graph variants are")
+    if sustained_s:
+        log(f"final rounds: each timing right after {sustained_s:g} s of the same chain's own runs (sustained load)")
     log(table(summary))
     if any(r.get("stages_alone") for r in rows):
         log(stages_table(summary))
@@ -325,5 +331,5 @@ def main(args) -> int:
     run_bench(args.workload, sizes, out, space, args.storage, strategy=args.strategy,
               trials=args.trials, seed=args.seed or 0, compare=list(args.compare or []),
               graphs=getattr(args, "graphs", False), ablate=list(getattr(args, "ablate", None) or []),
-              stages=getattr(args, "stages", False))
+              stages=getattr(args, "stages", False), sustained_s=getattr(args, "sustained", None) or 0.0)
     return 0

@@ -189,12 +189,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=_positive_int, metavar="N",
                    help="measured trials of the search per size, as for study (a size the storage already "
                         "holds costs no new trial); then the 3 fastest chains of each kind of sync (stream, pdl, tile) are "
-                        "timed again, with every baseline, in 5 interleaved rounds after idle")
+                        "timed again, with every baseline, in 5 interleaved rounds after idle (or see --sustained)")
     p.add_argument("--seed", type=_non_negative_int, default=0, metavar="N", help="strategy seed and random inputs")
     p.add_argument("--graphs", action="store_true",
                    help="time our chains (the search's trials and the finalists) and the CuPy chain inside CUDA "
                         "graphs, as PyTorch's graph variants are (the kernels then number their runs on the "
                         "device); for chains of a few short kernels, where launches are much of the time")
+    p.add_argument("--sustained", type=_positive_float, metavar="SECONDS",
+                   help="in the final rounds (and --stages'), time each contestant and baseline right after "
+                        "about SECONDS of its own back-to-back runs instead of after idle: the clock the power "
+                        "cap leaves under sustained load, where a kernel that draws more power runs slower")
     p.add_argument("--network", action="store_true",
                    help="every layer of the whole network (resnet38, vgg19) at each --batch, then the "
                         "multiplicity-weighted whole-network figure")

@@ -431,13 +431,18 @@ class GpuBackend(Backend):
         return (None, why) if why else (runner, None)
 
     def time_rounds(self, chain: Chain, configs: Sequence[Config], rounds: int,
-                    extra: dict[str, Any] | None = None, idle_s: float | None = None, graphs: bool | None = None
-                    ) -> dict[Any, list[float] | str]:
+                    extra: dict[str, Any] | None = None, idle_s: float | None = None, graphs: bool | None = None,
+                    heat_s: float = 0.0) -> dict[Any, list[float] | str]:
         """Per config (and per name of ``extra``'s timers, ``timer(warmup, reps) -> µs list``), the
         median µs of each of ``rounds`` interleaved rounds, each timing after ``idle_s`` of idle.
         Configs are verified before and after (fresh inputs, poisoned outputs); one that fails
         gets the reason instead of times. With ``graphs`` (default: the backend's) each config runs
-        from CUDA graphs (its source numbering its runs on the device), as a graph-captured baseline does."""
+        from CUDA graphs (its source numbering its runs on the device), as a graph-captured baseline does.
+
+        With ``heat_s``, each timing instead follows about ``heat_s`` of the same source's own runs,
+        queued back to back with it (no idle): the clock that the power cap leaves under that
+        source's sustained load, where one that draws more power runs slower. A short probe of
+        each source first sets its number of runs."""
         import time
 
         graphs = self.graphs if graphs is None else graphs
@@ -454,10 +459,15 @@ class GpuBackend(Backend):
             timers[cfg] = runner.time_graphs if graphs else runner.time
         timers.update(extra or {})
         got: dict[Any, list[float]] = {k: [] for k in timers}
+        warmups = {k: self.warmup for k in timers}
+        if heat_s:
+            for k, timer in timers.items():
+                warmups[k] = max(self.warmup, round(heat_s * 1e6 / max(median(timer(1, 5)), 1e-3)))
         for _ in range(rounds):
             for k, timer in timers.items():
-                time.sleep(idle)
-                got[k].append(round(median(timer(self.warmup, self.reps)), 3))
+                if not heat_s:
+                    time.sleep(idle)
+                got[k].append(round(median(timer(warmups[k], self.reps)), 3))
         for cfg, runner in runners.items():
             why = self.verify(chain, runner)[1]
             if why:
