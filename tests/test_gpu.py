@@ -317,6 +317,19 @@ def test_bench_times_graphs_of_our_chains_and_of_cupy(backend):
     assert all(isinstance(got[c], list) and len(got[c]) == 2 for c in cfgs), got
 
 
+def test_sustained_rounds_time_a_verified_chain_and_the_library_after_their_own_runs(backend):
+    """bench --sustained: each timing follows 0.2 s of the source's own runs; the config is still
+    verified after the rounds, and every source gets its rounds."""
+    from tuner.baselines import baseline_timers
+
+    chain = get_workload("resnet38").chain(batch=1)
+    cfg = next(c for c in coverage(chain) if c.policy == "tile")
+    p = backend.problem(chain)
+    extra = baseline_timers(chain, list(zip(p.xs, p.ws)), graphs=True)
+    got = backend.time_rounds(chain, [cfg], 2, extra=extra, graphs=True, heat_s=0.2)
+    assert all(isinstance(got[k], list) and len(got[k]) == 2 and min(got[k]) > 0 for k in [cfg, *extra]), got
+
+
 def test_the_runtime_runs_a_convolution_entry_on_nhwc_images(backend, tmp_path):
     import cupy as cp
 
