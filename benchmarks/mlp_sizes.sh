@@ -6,6 +6,7 @@
 #   benchmarks/mlp_sizes.sh OUTDIR [GROUP ...]
 #   e.g. benchmarks/mlp_sizes.sh out gpt3-256 gpt3-2048    # two groups (a device call's 10 minutes)
 #        COMPARE=studies/h100 benchmarks/mlp_sizes.sh out  # every group, earlier picks re-timed beside
+#        SUSTAINED=2 benchmarks/mlp_sizes.sh out gpt3-2048  # final rounds under sustained load (bench --sustained 2)
 #
 # Groups (default: all, in this order): gpt3-1-64-128 gpt3-256 gpt3-512 gpt3-2048 llama-1-64
 # llama-320 llama-1024. A group of one mid or large size also times each GEMM alone against cuBLAS
@@ -34,6 +35,7 @@ for g in "${groups[@]}"; do
     if [ -n "${COMPARE:-}" ] && [ -f "$COMPARE/$g.bench.json" ]; then
         args+=(--compare "$COMPARE/$g.bench.json")
     fi
+    [ -n "${SUSTAINED:-}" ] && args+=(--sustained "$SUSTAINED")
     t0=$SECONDS
     python3 -m tuner bench "${args[@]}" --graphs --storage "sqlite:///$(realpath "$out")/$g.db" \
         --out "$out/$g.bench.json" > "$out/$g.log" 2>&1
