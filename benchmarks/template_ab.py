@@ -34,6 +34,7 @@ from statistics import median
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.backends.replay import Record, ReplayError, read_recording  # noqa: E402
+from tuner.cli import sustained_argument  # noqa: E402
 from tuner.paths import home  # noqa: E402
 from tuner.workloads import chain_from_label  # noqa: E402
 
@@ -121,16 +122,11 @@ def main() -> int:
                     help="time the library's chain of the same shape in the same rounds too (cuBLAS through "
                          "CuPy, PyTorch's variants, as bench's baselines)")
     also_arguments(ap)
-    ap.add_argument("--sustained", type=float, metavar="SECONDS",
-                    help="time each source after about SECONDS of its own back-to-back runs, with no idle "
-                         "between sources: the clock the power cap leaves under sustained load, which rounds "
-                         "after idle hide (a kernel that draws more power runs slower there)")
+    sustained_argument(ap, "time each source")
     ap.add_argument("--timing-only", action="store_true",
                     help="time the variant folders' sources without checking their results (experiments that "
                          "take work out by design; printed as unverified, never results)")
     args = ap.parse_args()
-    if args.sustained is not None and not args.sustained > 0:
-        raise SystemExit(f"--sustained {args.sustained:g}: give a positive number of seconds")
     if args.timing_only and not args.variants:
         raise SystemExit("--timing-only applies to variant folders; give one (a folder holding kernel_templates/)")
     homes = variant_homes(args.variants)

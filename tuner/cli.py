@@ -48,6 +48,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def sustained_argument(p: argparse.ArgumentParser, what: str) -> None:
+    """``--sustained SECONDS`` (GpuBackend.time_rounds' ``heat_s``), for bench and benchmarks/template_ab.py."""
+    p.add_argument("--sustained", type=_positive_float, metavar="SECONDS",
+                   help=f"{what} right after about SECONDS of its own back-to-back runs instead of after idle: "
+                        "the clock the power cap leaves under sustained load, where a kernel that draws more "
+                        "power runs slower")
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -195,10 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time our chains (the search's trials and the finalists) and the CuPy chain inside CUDA "
                         "graphs, as PyTorch's graph variants are (the kernels then number their runs on the "
                         "device); for chains of a few short kernels, where launches are much of the time")
-    p.add_argument("--sustained", type=_positive_float, metavar="SECONDS",
-                   help="in the final rounds (and --stages'), time each contestant and baseline right after "
-                        "about SECONDS of its own back-to-back runs instead of after idle: the clock the power "
-                        "cap leaves under sustained load, where a kernel that draws more power runs slower")
+    sustained_argument(p, "in the final rounds (and --stages'), time each contestant and baseline")
     p.add_argument("--network", action="store_true",
                    help="every layer of the whole network (resnet38, vgg19) at each --batch, then the "
                         "multiplicity-weighted whole-network figure")
