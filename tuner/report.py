@@ -78,7 +78,7 @@ def collect_series(workload: str, paths: Sequence[Path]) -> list[Series]:
                 continue
             if "size" not in row:  # summaries from before sizes were recorded: the sweep at default sizes
                 row = {**row, "size": {wl.sweep_param: row["tokens"], **wl.defaults}}
-            row = {**row, "graphs": bool(doc.get("graphs")), "sustained_s": doc.get("sustained_s") or 0}
+            row = {**row, "graphs": bool(doc.get("graphs")), "timing": _timing_note(doc)}
             held = by_label.get(row["label"])
             if held is None or row["graphs"] or not held[0]["graphs"]:
                 by_label[row["label"]] = (row, str(path), doc.get("device", {}).get("name", "?"))
@@ -93,9 +93,10 @@ def collect_series(workload: str, paths: Sequence[Path]) -> list[Series]:
     return list(series.values())
 
 
-def _timing_note(graphs: bool, sustained_s: float) -> str:
-    """How a summary's final rounds were timed, where not as launches after idle."""
-    notes = (["in CUDA graphs"] if graphs else []) + ([f"each after {sustained_s:g} s of its own runs"] if sustained_s else [])
+def _timing_note(doc: dict[str, Any]) -> str:
+    """How a bench summary's final rounds were timed, beside its name, where not as launches after idle."""
+    notes = (["in CUDA graphs"] if doc.get("graphs") else []) + (
+        [f"each after {doc['sustained_s']:g} s of its own runs"] if doc.get("sustained_s") else [])
     return f" ({', '.join(notes)})" if notes else ""
 
 
@@ -211,7 +212,7 @@ def write_report(workload: str, paths: Sequence[Path] | None = None, out_dir: Pa
             best = "-" if b is None else f"{b[1]:.1f} ({b[0]})"
             ratio = "-" if b is None else f"{b[1] / tuned:.2f}"
             lines.append(f"| {r['size'][wl.sweep_param]} | {tuned:.1f} ({r.get('tuned')}) | {us_text(r.get('stream_us'))} | "
-                         f"{us_text(r.get('pdl_us'))} | {best} | {ratio} | {r['floor_us']:.1f} | {pvs} | {tvs} | `{src}`{_timing_note(r['graphs'], r['sustained_s'])} |")
+                         f"{us_text(r.get('pdl_us'))} | {best} | {ratio} | {r['floor_us']:.1f} | {pvs} | {tvs} | `{src}`{r['timing']} |")
         lines.append("")
     lines += network_lines(wl.name, paths)
     page = out_dir / f"{wl.name}.md"
@@ -225,20 +226,20 @@ def network_lines(workload: str, paths: Sequence[Path]) -> list[str]:
     for path in paths:
         doc = json.loads(Path(path).read_text())
         for f in doc.get("network") or []:
-            rows.append((f, Path(path).name, bool(doc.get("graphs")), doc.get("sustained_s") or 0))
+            rows.append((f, Path(path).name, _timing_note(doc)))
     if not rows:
         return []
     sweep = get_workload(workload).sweep_param
     out = ["## Whole network", "", "Each layer's chain time times its multiplicity, summed (µs; `bench --network`).", "",
            f"| {sweep} | tuned | ours stream-sync | best PyTorch | best PyTorch / tuned | floor | sum of | source |",
            "| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
-    for f, name, graphs, sustained_s in rows:
+    for f, name, timing in rows:
         us = f["us"]
         torch_best = best_pytorch(us)
         cell = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
         ratio = "-" if torch_best is None or not us.get("tuned") else f"{torch_best / us['tuned']:.2f}"
         out.append(f"| {f[sweep]} | {cell(us.get('tuned'))} | {cell(us.get('stream'))} | {cell(torch_best)} | {ratio} | "
-                   f"{cell(us.get('floor'))} | {f['formula']} | `{name}`{_timing_note(graphs, sustained_s)} |")
+                   f"{cell(us.get('floor'))} | {f['formula']} | `{name}`{timing} |")
     return out + [""]
 
 

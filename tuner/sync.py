@@ -80,16 +80,15 @@ POLICIES: dict[str, SyncPolicy | None] = {
         "tile", "wait, inside the K loop, for exactly the producer tiles that cover the next K chunk",
         sems=Expr("MT1 * NT1"), post_sem=Expr("m1 * NT1 + n1"),
         # A chunk whose rows are those of the chunk before and whose columns start inside the same
-        # producer tile reads nothing new: no wait.
+        # producer tile reads nothing new: no wait. One check a waited chunk: loading the next 4-16
+        # chunks' semaphores in one round trip and skipping the checks of those seen posted was
+        # measured 4.5-41% slower (results page, "The tile policy's batched check"), so it was taken out.
         wait_when=Expr("A_ANY and (first or A_FRESH or A_COL % BN1 == 0)"),
         wait_row_lo=_ROW_LO, wait_row_hi=_ROW_HI,
         wait_col_lo=Expr("A_COL // BN1"), wait_col_hi=Expr("min(A_COL_HI // BN1, NT1 - 1)"),
         wait_sem=Expr("r * NT1 + c"), wait_count=Expr("1"),
         # Where chunks walk along the columns (CSTEP2 = 1), a chunk must not start inside one producer
         # tile and end in the next: the wait above would miss the second.
-        # One check a waited chunk: loading the next 4-16 chunks' semaphores in one round trip and
-        # skipping the checks of those seen posted was measured 4.5-41% slower (results page,
-        # "The tile policy's batched check"), so it was taken out.
         requires=Expr("CSTEP2 == 0 or BN1 % BK2 == 0"),
         requires_doc="the producer's BN must be a multiple of the consumer's BK"),
     "row": SyncPolicy(
