@@ -9,7 +9,7 @@ from tuner.backends.base import DeviceInfo
 from tuner.cases import clustered, coverage
 from tuner.config import Config, StageTiles
 from tuner.paths import home
-from tuner.render import device_grid, render
+from tuner.render import a_rows, copy_parts, device_grid, render
 from tuner.workloads import get_workload
 from tuner.tiling import StoreLayout, tail_split
 
@@ -67,6 +67,23 @@ def test_a_clustered_stage_kernel_declares_its_cluster_and_the_launch_grid_divid
             launch = next(l for l in r.launches if l.kernel == f"stage{i}_kernel")
             declared = f"__cluster_dims__({t.cluster}, 1, 1)\nstage{i}_kernel(" in r.source
             assert declared == (t.cluster > 1) and launch.grid % t.cluster == 0, cfg.short()
+
+
+def test_the_blocks_sharing_a_multicast_slab_each_fetch_a_part_of_it_where_it_splits_into_swizzle_groups():
+    chain = get_workload("gpt3").chain(tokens=256)
+    for cfg in clustered(chain):
+        r = render(chain, cfg)
+        maps = list(r.tensor_maps)
+        for i, (g, t) in enumerate(zip(cfg.grids(chain), cfg.tiles)):
+            if not t.tma:
+                continue
+            b = next(k for k, m in enumerate(maps) if m.operand == f"w{i}")  # the stage's A map just before
+            rows = a_rows(g.stage.m, t.bm)
+            # a row of cn blocks shares the A slab, a column of cm blocks the B slab
+            assert maps[b - 1].box_rows == (rows // t.cn if rows % (8 * t.cn) == 0 else rows), cfg.short()
+            assert maps[b].box_rows == (t.bn // t.cm if t.bn % (8 * t.cm) == 0 else t.bn), cfg.short()
+            assert f", {t.cm}, {t.cn}, {copy_parts(rows, t.cn)}, {copy_parts(t.bn, t.cm)}>;" in r.source
+    assert copy_parts(128, 2) == 2 and copy_parts(136, 2) == 1 and copy_parts(64, 1) == 1
 
 
 def test_the_epilogue_goes_through_shared_memory_only_where_the_output_tile_fits_in_the_ring():
@@ -200,7 +217,7 @@ def test_a_tile_too_large_for_the_even_share_moves_registers_from_its_producer_w
     src = render(chain, Config((big, usual), "tile", "row", "block", "two_stream")).source
     tile0 = src.split("void stage0_tile(")[1].split("void stage1_tile(")[0]
     tile1 = src.split("void stage1_tile(")[1].split("_kernel(")[0]
-    assert f"TileTMA<128, 256, 64, 2, 1, 4, 128, 1, 1, {PRODUCER_REGS}, {CONSUMER_REGS}>" in src
+    assert f"TileTMA<128, 256, 64, 2, 1, 4, 128, 1, 1, 1, 1, {PRODUCER_REGS}, {CONSUMER_REGS}>" in src
     producer, consumer = tile0.split("tma_consume<T>(")
     assert "tma_produce<T" in producer and "return;" in producer
     assert "__syncthreads()" not in consumer and "tuner_bar_sync(T::MMA_THREADS);  // every thread's stores" in consumer

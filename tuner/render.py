@@ -204,6 +204,14 @@ def a_rows(m: int, bm: int) -> int:
     return min(bm, -(-m // 8) * 8)
 
 
+def copy_parts(rows: int, blocks: int) -> int:
+    """In how many parts the ``blocks`` of a cluster that share a multicast slab of ``rows`` rows
+    fetch it: each block its own part for all of them where the parts are whole 8-row swizzle
+    groups (the copies spread over the blocks' copy engines, as their barrier waits are), else
+    one block all of it."""
+    return blocks if blocks > 1 and rows % (8 * blocks) == 0 else 1
+
+
 def grid_cap(g: StageGrid, sms: int) -> int:
     """The most blocks a stage may launch on another device (``Launch.grid_cap``): a persistent
     stage's tiles, or where its last wave is split along K the blocks rendered for ``sms`` SMs,
@@ -243,6 +251,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
                      order_m=order.m.c, order_n=order.n.c, order_s=order.s.c,
                      wait=None, post=None, started=None, guard=None, ticket=None, ws_base=0, arrive_base=0, written_base=0,
                      run_counter=None, guard_counter=None)
+        entry["A_PARTS"], entry["B_PARTS"] = copy_parts(entry["A_ROWS"], tl.cn), copy_parts(tl.bn, tl.cm)
         entry["staged"] = staged_epilogue(tl, entry["OW"])
         entry["TMA_STORE"] = entry["staged"] and tl.stores_by_tma(entry["OW"], st.n_out)
         entry["store"] = tl.tma_store_layout(entry["OW"]) if entry["TMA_STORE"] else None
@@ -265,8 +274,8 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
             a_name = "x" if st.a_from is None else f"y{st.a_from}"
             # The kernel addresses descriptors in u64 words: 16 per 128-byte descriptor.
             entry["tma_a"], entry["tma_b"] = 16 * len(maps), 16 * (len(maps) + 1)
-            maps += [TensorMap(len(maps), a_name, st.m, st.k, a_rows(st.m, tl.bm)),
-                     TensorMap(len(maps) + 1, f"w{i}", st.n, st.k, tl.bn)]
+            maps += [TensorMap(len(maps), a_name, st.m, st.k, entry["A_ROWS"] // entry["A_PARTS"]),
+                     TensorMap(len(maps) + 1, f"w{i}", st.n, st.k, tl.bn // entry["B_PARTS"])]
         if entry["TMA_STORE"]:  # the output, stored a box of the layout's rows by 64 columns at a time
             entry["tma_c"] = 16 * len(maps)
             maps.append(TensorMap(len(maps), f"y{i}", st.m, st.n_out, entry["store"].box_rows))
