@@ -12,7 +12,8 @@ import pytest
 from tuner.backends.base import DeviceInfo
 from tuner.config import GLOBAL_FIELDS, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
 from tuner.paths import home
-from tuner.space import STAGE_CONSTRAINTS, SpaceError, load_space, parse_space
+from tuner.space import (BLOCK_CONSTRAINTS, BLOCK_FIELDS, STAGE_CONSTRAINTS, SpaceError, load_space, parse_space,
+                         stage_problem)
 from tuner.stages.gemm import GemmStage
 from tuner.workloads import get_workload
 
@@ -386,6 +387,41 @@ def test_a_transposed_tile_is_as_tall_as_m_needs_in_eights():
         Config((StageTiles(160, 192, 64, 1, 2, 4, 1, "wgmma_tma_t"),) * 2, "stream", "col", "block", "serial"))
     assert "does not fit in the" in fs.contains(
         Config((StageTiles(256, 256, 64, 1, 4, 3, 1, "wgmma_tma_t"),) * 2, "stream", "col", "block", "serial"))
+
+
+def test_the_block_constraints_read_only_the_block_shape():
+    """The feasible set judges BLOCK_CONSTRAINTS once per block shape (BLOCK_FIELDS); a split or a
+    cluster of the shape never changes what any of them says."""
+    dev = DeviceInfo("NVIDIA H200")
+    rng = np.random.default_rng(0)
+    others = list(itertools.product((1, 2, 3, 16), (1, 2), (1, 2, 4)))
+    sizes = {"gpt3": dict(tokens=64), "resnet38": dict(batch=1, height=7, width=7, channels=512),
+             "llama-attn": dict(tokens=100, cache=0)}
+    judged = 0
+    for name, size in sizes.items():
+        space = load_space(home() / "search_spaces" / f"{name}.toml")
+        for stage in get_workload(name).chain(**size).stages:
+            dom = space.stage_domain(stage.name)
+            for _ in range(200):
+                shape = {f: dom[f][rng.integers(len(dom[f]))] for f in BLOCK_FIELDS}
+                said = {tuple(fn(StageGrid(stage, StageTiles(**shape, split_k=s, cm=m, cn=n)), space.limits, dev)
+                              for _, fn in BLOCK_CONSTRAINTS) for s, m, n in others}
+                assert len(said) == 1, (stage.name, shape, said)
+                judged += all(why is None for why in said.pop())
+    assert judged > 20  # shapes that pass them all, not only ones that fail early
+
+
+def test_a_stages_tilings_come_in_the_order_of_the_product_of_its_fields():
+    chain = get_workload("gpt3").chain(tokens=256, hidden=512, ffn=256)
+    dev = DeviceInfo("tiny hopper", sms=12, smem_per_block=100 * 1024)
+    space = parse_space(TINY_PE, "tiny_pe.toml")
+    fs = space.feasible(chain, dev)
+    for stage, tilings in zip(chain.stages, fs.tilings):
+        dom = space.stage_domain(stage.name)
+        every = (StageGrid(stage, StageTiles(**dict(zip(TILE_FIELDS, v))))
+                 for v in itertools.product(*(dom[f] for f in TILE_FIELDS)))
+        assert [g.tiles for g in tilings] == [g.tiles for g in every
+                                              if stage_problem(g, space.limits, dev) is None]
 
 
 def test_empty_set_says_which_constraint_emptied_it():

@@ -346,14 +346,21 @@ def stage_kind(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
 
 StageConstraint = Callable[[StageGrid, Limits, DeviceInfo], "str | None"]
 
-# Per stage: judged on one stage's grid alone.
-STAGE_CONSTRAINTS: tuple[tuple[str, StageConstraint], ...] = (
+# The tile fields that fix a block's shape: its tile, warps, ring and MMA, and whether it persists.
+BLOCK_FIELDS = ("mma", "bm", "bn", "bk", "wm", "wn", "stages", "persist")
+
+# Per stage, judged on one stage's grid alone; these first ones read only the block's shape
+# (BLOCK_FIELDS, with the stage and the device), so the feasible set judges them once per shape
+# rather than once per split and cluster of it (they reject most of a space).
+BLOCK_CONSTRAINTS: tuple[tuple[str, StageConstraint], ...] = (
     ("warp_tile", warp_tile),
     ("threads", threads),
     ("accumulators", accumulators),
     ("shared_memory", shared_memory),
     ("tile_height", tile_height),
     ("tile_width", tile_width),
+)
+STAGE_CONSTRAINTS: tuple[tuple[str, StageConstraint], ...] = BLOCK_CONSTRAINTS + (
     ("split_k", split_k),
     ("cluster", cluster),
     ("persistence", persistence),
@@ -361,9 +368,11 @@ STAGE_CONSTRAINTS: tuple[tuple[str, StageConstraint], ...] = (
 )
 
 
-def stage_problem(g: StageGrid, lim: Limits, dev: DeviceInfo) -> tuple[str, str] | None:
-    """The first per-stage constraint ``g`` breaks, with why, or None."""
-    for name, fn in STAGE_CONSTRAINTS:
+def stage_problem(g: StageGrid, lim: Limits, dev: DeviceInfo,
+                  constraints: Sequence[tuple[str, StageConstraint]] = STAGE_CONSTRAINTS) -> tuple[str, str] | None:
+    """The first per-stage constraint ``g`` breaks, with why, or None (of ``constraints``, by
+    default all of them)."""
+    for name, fn in constraints:
         why = fn(g, lim, dev)
         if why is not None:
             return name, why
@@ -486,10 +495,12 @@ class _Plan:
     """Exact counting and ranking of the stage tilings for one (policy, fused?) pair.
 
     ``ways[j][state]`` is the number of ways to complete stages j+1.. given stage
-    j's state; ranks are then mixed-radix numbers over (group, tile in group).
+    j's state; ranks are then mixed-radix numbers over (group, tile in group). ``envs(g)``: a
+    grid's values as producer and as consumer (:func:`tuner.sync.grid_env`'s).
     """
 
-    def __init__(self, chain: Chain, tilings: Sequence[Sequence[StageGrid]], requires: Expr | None, fused: bool):
+    def __init__(self, chain: Chain, tilings: Sequence[Sequence[StageGrid]], requires: Expr | None, fused: bool,
+                 envs: Callable[[StageGrid], tuple[Mapping[str, Any], Mapping[str, Any]]]):
         self.chain = chain
         self.requires = requires
         self.fused = fused
@@ -500,7 +511,7 @@ class _Plan:
         for grids in tilings:
             by_sig: dict[tuple, _Group] = {}
             for g in grids:
-                out_env, in_env = grid_env(g, "1"), grid_env(g, "2")
+                out_env, in_env = envs(g)
                 key_in = tuple(in_env[n] for n in self.in_names)
                 key_out = tuple(out_env[n] for n in self.out_names)
                 thr = g.tiles.threads if fused else None
@@ -610,31 +621,14 @@ class FeasibleSet:
         self._rejections: list[dict[str, int]] = []
         self.tilings: list[list[StageGrid]] = []
         for stage, dom in zip(chain.stages, self.domains_space):
-            ok: list[StageGrid] = []
-            rejected: dict[str, int] = {}
-            # persist is the last field: each tiling is tried without, then with persistent blocks,
-            # which only a TMA-fed tile of one split may have (may_persist, as persistence asks), so
-            # the others are not built twice (that doubled the enumeration's time).
-            *rest, last = TILE_FIELDS
-            assert last == "persist"
-            for values in itertools.product(*(dom[f] for f in rest)):
-                base = dict(zip(rest, values))
-                for persist in dom["persist"]:
-                    if persist and not may_persist(base["mma"], base["split_k"]):
-                        why = ("persistence", "")
-                    else:
-                        g = StageGrid(stage, StageTiles(**base, persist=persist))
-                        why = self._stage_reason(g)
-                    if why is None:
-                        ok.append(g)
-                    else:
-                        rejected[why[0]] = rejected.get(why[0], 0) + 1
+            ok, rejected = self._stage_tilings(stage, dom)
             self.tilings.append(ok)
             self._rejections.append(rejected)
         self.combos: list[tuple[str, ...]] = [
             combo for combo in itertools.product(*(space.globals[f] for f in GLOBAL_FIELDS))
             if combo_problem(combo, chain, device) is None]
         self._plans: dict[tuple[str, bool, bool, bool], _Plan] = {}
+        self._env_cache: dict[int, tuple[Mapping[str, Any], Mapping[str, Any]]] = {}
         counts = [self._plan(c).total for c in self.combos]
         self._combo_counts = counts
         self._prefix = list(itertools.accumulate(counts))
@@ -645,6 +639,48 @@ class FeasibleSet:
 
     def _stage_reason(self, g: StageGrid) -> tuple[str, str] | None:
         return stage_problem(g, self.space.limits, self.device)
+
+    def _stage_tilings(self, stage: Any, dom: Mapping[str, Sequence[Any]]) -> tuple[list[StageGrid], dict[str, int]]:
+        """The tilings of ``dom`` that every per-stage constraint accepts, in the order of the
+        product of TILE_FIELDS' values, and how many each constraint rejected first.
+
+        The block constraints are judged once per block shape: where one rejects it, every split
+        and cluster of it counts as rejected by that one (reading none of those fields, it would
+        have been the first to reject each). A persistent tile that may not persist (not TMA-fed,
+        or split along K) is rejected as such before the rest are asked."""
+        lim, dev = self.space.limits, self.device
+        rest = tuple(f for f in TILE_FIELDS if f not in BLOCK_FIELDS)
+        per_shape = int(np.prod([len(dom[f]) for f in rest]))
+        later = STAGE_CONSTRAINTS[len(BLOCK_CONSTRAINTS):]
+        ok: list[StageGrid] = []
+        rejected: dict[str, int] = {}
+        for shape in itertools.product(*(dom[f] for f in BLOCK_FIELDS)):
+            base = dict(zip(BLOCK_FIELDS, shape))
+            why = stage_problem(StageGrid(stage, StageTiles(**base)), lim, dev, BLOCK_CONSTRAINTS)
+            if why is not None:
+                rejected[why[0]] = rejected.get(why[0], 0) + per_shape
+                continue
+            for values in itertools.product(*(dom[f] for f in rest)):
+                tiles = StageTiles(**base, **dict(zip(rest, values)))
+                if tiles.persist and not may_persist(tiles.mma, tiles.split_k):
+                    why = ("persistence", "")
+                else:
+                    g = StageGrid(stage, tiles)
+                    why = stage_problem(g, lim, dev, later)
+                if why is None:
+                    ok.append(g)
+                else:
+                    rejected[why[0]] = rejected.get(why[0], 0) + 1
+        position = {f: {v: i for i, v in enumerate(dom[f])} for f in TILE_FIELDS}
+        ok.sort(key=lambda g: tuple(position[f][getattr(g.tiles, f)] for f in TILE_FIELDS))
+        return ok, rejected
+
+    def _envs(self, g: StageGrid) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+        """``g``'s values as a producer and as a consumer (grid_env), computed once for all plans."""
+        key = id(g)  # the grids live in self.tilings as long as the set
+        if key not in self._env_cache:
+            self._env_cache[key] = (grid_env(g, "1"), grid_env(g, "2"))
+        return self._env_cache[key]
 
     def _plan(self, combo: tuple[str, ...]) -> _Plan:
         policy, _order, dispatch, launch, _prefetch = combo
@@ -659,7 +695,7 @@ class FeasibleSet:
             tilings = [[g for g in gs if (clusters or g.tiles.cluster == 1) and (persistent or not g.tiles.persistent)
                         and (tail or not g.tiles.tail_split) and not (fused and g.tiles.realloc)]
                        for gs in self.tilings]
-            self._plans[key] = _Plan(self.chain, tilings, pol.requires if pol else None, key[1])
+            self._plans[key] = _Plan(self.chain, tilings, pol.requires if pol else None, key[1], self._envs)
         return self._plans[key]
 
     # -- public interface
