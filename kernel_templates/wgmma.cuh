@@ -269,8 +269,7 @@ struct TmaFeed {
 };
 
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int A_ROWS_, int CM_, int CN_, int A_PARTS_, int B_PARTS_,
-          int PRODUCER_REGS_ = 0,
-          int CONSUMER_REGS_ = 0>
+          int PRODUCER_REGS_ = 0, int CONSUMER_REGS_ = 0>
 struct TileTMA : TileWG<BM_, BN_, BK_, WM_, WN_, STAGES_>,
                  TmaFeed<BM_, BN_, BK_, A_ROWS_, CM_, CN_, A_PARTS_, B_PARTS_, WM_ * WN_ * 128, PRODUCER_REGS_, CONSUMER_REGS_> {
   using Feed = TmaFeed<BM_, BN_, BK_, A_ROWS_, CM_, CN_, A_PARTS_, B_PARTS_, WM_ * WN_ * 128, PRODUCER_REGS_, CONSUMER_REGS_>;
@@ -287,8 +286,7 @@ struct TileTMA : TileWG<BM_, BN_, BK_, WM_, WN_, STAGES_>,
 // of a thread holds tile rows 8j + 2 (lane % 4) + {0, 1} at columns 64w + 16 (warp % 4) + lane / 4
 // + {0, 8}; the template's transposed epilogue parks them in shared memory to store whole rows.
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int A_ROWS_, int CM_, int CN_, int A_PARTS_, int B_PARTS_,
-          int PRODUCER_REGS_ = 0,
-          int CONSUMER_REGS_ = 0>
+          int PRODUCER_REGS_ = 0, int CONSUMER_REGS_ = 0>
 struct TileTMAT : TmaFeed<BM_, BN_, BK_, A_ROWS_, CM_, CN_, A_PARTS_, B_PARTS_, WN_ * 128, PRODUCER_REGS_, CONSUMER_REGS_> {
   static constexpr bool TRANS = true;
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_;
@@ -564,8 +562,9 @@ __device__ __forceinline__ void tma_consume(float (&acc)[T::MI][T::NI][4], const
 // In a cluster, the blocks of a row share A and those of a column share B: block (rm, rn) fetches
 // part rn of its row's A slab and part rm of its column's B slab (or, where a slab does not
 // split into whole swizzle groups, block (rm, 0) all of A, (0, rn) all of B), each multicast to
-// the blocks sharing it; every block still expects all TX_BYTES on its own full barrier. A slot is refilled only once every block of the
-// cluster has handed it back: each MMA warp arrives on that slot's empty barrier in all of them.
+// the blocks sharing it; every block still expects all TX_BYTES on its own full barrier. A slot
+// is refilled only once every block of the cluster has handed it back: each MMA warp arrives on
+// that slot's empty barrier in all of them.
 //
 // B_ONCE: no other block reads this block's B slabs (one row of clusters covers all of M), so
 // they are fetched with an L2 evict-first policy (measured: split-K at 256 tokens 66.7 -> 64.3 µs,
