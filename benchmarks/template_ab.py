@@ -87,7 +87,7 @@ def tile_variant(chain, config, change: str, device) -> "Config | None":
 
     from tuner.checker import check
     from tuner.config import GLOBAL_FIELDS, TILE_FIELDS
-    from tuner.space import Limits, chain_problem, stage_problem
+    from tuner.constraints import Limits, chain_problem, stage_problem
     from tuner.tiling import StageGrid, tile_value
 
     fields, globals_ = {}, {}

@@ -12,8 +12,8 @@ import pytest
 from tuner.backends.base import DeviceInfo
 from tuner.config import GLOBAL_FIELDS, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
 from tuner.paths import home
-from tuner.space import (BLOCK_CONSTRAINTS, BLOCK_FIELDS, STAGE_CONSTRAINTS, SpaceError, load_space, parse_space,
-                         stage_problem)
+from tuner.constraints import BLOCK_CONSTRAINTS, BLOCK_FIELDS, STAGE_CONSTRAINTS, stage_problem
+from tuner.space import SpaceError, load_space, parse_space
 from tuner.stages.gemm import GemmStage
 from tuner.workloads import get_workload
 

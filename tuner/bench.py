@@ -51,7 +51,8 @@ def ablations(contestants: dict[str, Config], fields: list[str], chain: Chain, d
     ``field`` that the constraints and the checker allow (in the search space or not), named
     ``"<kind> <field>=<value>"``: what that one choice is worth, timed in the same rounds."""
     from .checker import check  # noqa: PLC0415
-    from .space import GLOBAL_CHOICES, chain_problem  # noqa: PLC0415
+    from .constraints import chain_problem  # noqa: PLC0415
+    from .space import GLOBAL_CHOICES  # noqa: PLC0415
 
     out: dict[str, Config] = {}
     for kind in SYNC_KINDS:

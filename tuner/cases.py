@@ -11,6 +11,7 @@ from itertools import product
 from dataclasses import replace
 
 from .config import Config, StageGrid, StageTiles
+from .constraints import Limits, stage_problem
 from .device import DeviceInfo
 from .prefetch import prefetch_allowed
 from .stages import kind_of
@@ -128,8 +129,6 @@ def persistent(chain: Chain, sms: int) -> list[Config]:
     tile that moves registers where the chain is wide enough; each also with its partial last
     wave split along K where the space allows it. A stage with no more tiles than
     ``sms`` keeps one tile per block. Empty for chains of other stage kinds."""
-    from .space import Limits, stage_problem  # noqa: PLC0415 - the space imports the cases' modules
-
     if any(st.kind != "gemm" for st in chain.stages):
         return []
     dev = DeviceInfo("cases", sms=sms)

@@ -26,7 +26,8 @@ from . import UsageError, __version__
 from .backends.base import Backend
 from .config import GLOBAL_FIELDS, TILE_FIELDS, Config
 from .paths import home
-from .space import FeasibleSet, SearchSpace
+from .feasible import FeasibleSet
+from .space import SearchSpace
 from .store import ClaimBoard, MeasurementStore, open_optuna_storage
 from .strategies import DEFAULT as DEFAULT_STRATEGY
 from .strategies import STAGE_ALONE, STRATEGIES, Outcome, Prior, Proposal, SearchContext, stage_config

@@ -64,7 +64,7 @@ def may_persist(mma: str, split_k: int) -> bool:
     """Whether a tiling of this MMA and split count may run persistent blocks, as far as its own
     fields go: a TMA-fed tile (the ring carries from tile to tile) of one split (a block computes
     whole tiles). Whether its stage has more tiles than blocks resident at once is the stage's
-    question (:func:`tuner.space.persistence`)."""
+    question (:func:`tuner.constraints.persistence`)."""
     return mma in TMA_MMAS and split_k == 1
 
 

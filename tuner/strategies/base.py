@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Sequence
 
 from ..device import DeviceInfo
 from ..config import Config, StageGrid, StageTiles
-from ..space import FeasibleSet
+from ..feasible import FeasibleSet
 from ..workloads import Chain
 
 # A stage timed alone runs in column order: the same as row order when the stage is one wave,
