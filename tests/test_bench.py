@@ -388,6 +388,53 @@ def test_the_sustained_clock_script_says_how_to_call_it_when_arguments_are_missi
     assert done.stderr.strip().startswith("usage: ") and "OUTDIR RECORDING LABEL RANK" in done.stderr
 
 
+def test_the_ncu_script_profiles_each_rank_and_the_library_at_base_clocks_and_tabulates_medians(tmp_path):
+    """benchmarks/ncu_gemm.sh with a scripted ncu: one profile per recorded rank and one of the
+    library (its kernels by their own regex), at locked base clocks in base units, and a table of
+    the medians over launches (durations in µs, sectors in millions)."""
+    root = Path(__file__).resolve().parents[1]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ncu = bin_dir / "ncu"
+    # three launches; the library's kernel takes 2 µs longer and reads fewer sectors
+    ncu.write_text(r"""#!/usr/bin/env bash
+echo "$@" >> "$NCU_CALLS"
+echo '==PROF== Connected to process'
+case "$*" in *regex:stage*) k=stage0_kernel; d=0; r=77000000 ;; *) k='nvjet_sm90_hsh_256x128(int)'; d=2000; r=64000000 ;; esac
+echo '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"'
+for i in 0 1 2; do
+  echo "\"$i\",\"$k\",\"gpu__time_duration.sum\",\"ns\",\"$((440000 + d + i * 1000))\""
+  echo "\"$i\",\"$k\",\"sm__cycles_elapsed.max\",\"cycle\",\"62$i,000\""
+  echo "\"$i\",\"$k\",\"lts__t_sectors_srcunit_tex_op_read.sum\",\"sector\",\"$((r + i))\""
+done
+""")
+    ncu.chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "NCU_CALLS": str(calls)}
+    done = subprocess.run(["bash", str(root / "benchmarks" / "ncu_gemm.sh"), tmp_path / "out", "rec.json",
+                           "gpt3.gemm2/tokens=2048", "1,6", "gpt3.gemm2/tokens=2048,hidden=12288,ffn=6144",
+                           "torch graph", "3"], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    made = calls.read_text().splitlines()
+    assert len(made) == 3 and all("--clock-control base" in c and "--print-units base" in c for c in made)
+    assert "--rank 1 " in made[0] and "--rank 6 " in made[1] and "regex:nvjet|gemm|xmma" in made[2]
+    assert all("--launch-count 3" in c for c in made)
+    rows = [ln for ln in done.stdout.splitlines() if ln.startswith("| rank") or ln.startswith("| library")]
+    assert [r.split(" | ")[0] for r in rows] == ["| rank1", "| rank6", "| library"]
+    assert rows[0].split(" | ")[1:5] == ["`stage0_kernel`", "3", "441.0", "621,000"]
+    assert rows[2].split(" | ")[1:4] == ["`nvjet_sm90_hsh_256x128`", "3", "443.0"]
+    assert rows[0].split(" | ")[7] == "77.0" and rows[2].split(" | ")[7] == "64.0"  # SM reads, millions
+    assert rows[0].endswith(" - |")  # a metric ncu did not give
+
+
+def test_the_ncu_script_says_how_to_call_it_when_arguments_are_missing():
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(["bash", str(root / "benchmarks" / "ncu_gemm.sh"), "out"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("usage: ") and "RECORDING LABEL RANKS" in done.stderr
+
+
 def test_sustained_final_rounds_time_each_source_right_after_its_own_long_run_without_idle(monkeypatch):
     """time_rounds(heat_s=...): a probe of each source sets how many of its runs fill heat_s, and
     each timing queues that many of its own runs first; nothing sleeps between sources."""

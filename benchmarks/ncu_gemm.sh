@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Recorded configs and the library's kernel for the same shape under Nsight Compute with the
+# clocks locked at base: duration, cycles (the most of any SM), tensor pipe activity, L2 sectors
+# (all of them; those the SMs read; those crossing between the L2's two halves) and DRAM bytes
+# read, each the median over the profiled launches. Interleaved rounds at boost clocks compare
+# what kernels cost under the power cap; this compares their cycles and traffic at one clock.
+# GPU only (ncu).
+#
+#   benchmarks/ncu_gemm.sh OUTDIR RECORDING LABEL RANKS LIBRARY_LABEL VARIANT [LAUNCHES]
+#   benchmarks/ncu_gemm.sh out studies/h200/gpt3-2048.measurements.json gpt3.gemm2/tokens=2048 1,6 \
+#       'gpt3.gemm2/tokens=2048,hidden=12288,ffn=6144' 'torch graph'
+#
+# RANKS: comma-separated ranks of recorded configs as profile_config.py picks them; LIBRARY_LABEL
+# and VARIANT as profile_library.py takes them. Each source is profiled for LAUNCHES launches
+# (default 5) after 10. LIBRARY_KERNELS: the regex naming the library's kernels (default
+# nvjet|gemm|xmma). Writes OUTDIR/ncu_<source>.csv (ncu's own) and prints the table.
+set -uo pipefail
+[ $# -ge 6 ] || { echo "usage: $0 OUTDIR RECORDING LABEL RANKS LIBRARY_LABEL VARIANT [LAUNCHES]" >&2; exit 2; }
+out=$1 recording=$2 label=$3 ranks=$4 lib_label=$5 variant=$6 launches=${7:-5}
+mkdir -p "$out"
+here=$(dirname "${BASH_SOURCE[0]}")
+metrics=gpu__time_duration.sum,sm__cycles_elapsed.max,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+metrics+=,lts__t_sectors.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_ltcfabric.sum,dram__bytes_read.sum
+runs=$((launches + 15))  # the calls profile_*.py make: enough for the skipped and the profiled launches
+profile() {  # who, kernel regex, command...
+    local who=$1 kernels=$2
+    shift 2
+    ncu --clock-control base --metrics "$metrics" -k "regex:$kernels" --launch-skip 10 --launch-count "$launches" \
+        --csv --print-units base "$@" > "$out/ncu_$who.csv" 2> "$out/ncu_$who.err" \
+        || { echo "$who: ncu failed, see $out/ncu_$who.err" >&2; return 1; }
+}
+sources=()
+for rank in ${ranks//,/ }; do
+    profile "rank$rank" stage python3 "$here/profile_config.py" "$recording" --label "$label" --rank "$rank" \
+        --runs "$runs" || exit 1
+    sources+=("rank$rank")
+done
+profile library "${LIBRARY_KERNELS:-nvjet|gemm|xmma}" python3 "$here/profile_library.py" "$lib_label" \
+    --variant "$variant" --runs "$runs" || exit 1
+sources+=(library)
+python3 - "$out" "${sources[@]}" <<'EOF'
+import csv
+import sys
+from pathlib import Path
+from statistics import median
+
+out, sources = Path(sys.argv[1]), sys.argv[2:]
+# (metric, heading, scale from ncu's base unit: ns, cycles, %, sectors, bytes)
+columns = [("gpu__time_duration.sum", "µs", 1e-3), ("sm__cycles_elapsed.max", "cycles", 1),
+           ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "tensor %", 1),
+           ("lts__t_sectors.sum", "L2 sectors M", 1e-6), ("lts__t_sectors_srcunit_tex_op_read.sum", "SM reads M", 1e-6),
+           ("lts__t_sectors_srcunit_ltcfabric.sum", "across halves M", 1e-6), ("dram__bytes_read.sum", "DRAM read MB", 1e-6)]
+print("| source | kernel | launches | " + " | ".join(c[1] for c in columns) + " |")
+print("| --- | --- | ---: | " + " | ".join("---:" for _ in columns) + " |")
+for who in sources:
+    text = (out / f"ncu_{who}.csv").read_text()
+    rows = list(csv.DictReader(line for line in text.splitlines() if line.startswith('"')))
+    if not rows:
+        sys.exit(f"{who}: ncu profiled no kernel (ncu_{who}.csv); is the kernel regex right?")
+    values: dict[str, list[float]] = {}
+    for r in rows:
+        values.setdefault(r["Metric Name"], []).append(float(r["Metric Value"].replace(",", "")))
+    cells = []
+    for name, _, scale in columns:
+        v = median(values[name]) * scale if values.get(name) else None
+        cells.append("-" if v is None else f"{v:,.0f}" if v >= 1000 else f"{v:.1f}")
+    kernel = rows[0]["Kernel Name"].split("(")[0][:48]
+    launches = len({r["ID"] for r in rows})
+    print(f"| {who} | `{kernel}` | {launches} | " + " | ".join(cells) + " |")
+EOF
