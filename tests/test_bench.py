@@ -380,12 +380,13 @@ def test_the_sustained_clock_script_alternates_ours_and_the_library_and_summariz
     assert "--variant torch graph --runs 10" in (out / "run_2_library.txt").read_text()
 
 
-def test_the_sustained_clock_script_says_how_to_call_it_when_arguments_are_missing():
+@pytest.mark.parametrize("script, arguments", [("sustained_clock.sh", "OUTDIR RECORDING LABEL RANK LIBRARY_LABEL"),
+                                               ("ncu_gemm.sh", "OUTDIR RECORDING LABEL RANKS LIBRARY_LABEL")])
+def test_the_profiling_scripts_say_how_to_call_them_when_arguments_are_missing(script, arguments):
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(["bash", str(root / "benchmarks" / "sustained_clock.sh"), "out"],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(["bash", str(root / "benchmarks" / script), "out"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
-    assert done.stderr.strip().startswith("usage: ") and "OUTDIR RECORDING LABEL RANK" in done.stderr
+    assert done.stderr.strip().startswith("usage: ") and arguments in done.stderr
 
 
 def test_the_ncu_script_profiles_each_rank_and_the_library_at_base_clocks_and_tabulates_medians(tmp_path):
@@ -425,14 +426,6 @@ done
     assert rows[2].split(" | ")[1:4] == ["`nvjet_sm90_hsh_256x128`", "3", "443.0"]
     assert rows[0].split(" | ")[7] == "77.0" and rows[2].split(" | ")[7] == "64.0"  # SM reads, millions
     assert rows[0].endswith(" - |")  # a metric ncu did not give
-
-
-def test_the_ncu_script_says_how_to_call_it_when_arguments_are_missing():
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(["bash", str(root / "benchmarks" / "ncu_gemm.sh"), "out"],
-                          capture_output=True, text=True, timeout=30)
-    assert done.returncode == 2
-    assert done.stderr.strip().startswith("usage: ") and "RECORDING LABEL RANKS" in done.stderr
 
 
 def test_sustained_final_rounds_time_each_source_right_after_its_own_long_run_without_idle(monkeypatch):
