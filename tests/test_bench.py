@@ -167,7 +167,7 @@ def test_the_table_gives_ratios_to_every_baseline_and_the_floor():
     text = bench.table({"rows": [row]})
     head, line = text.splitlines()
     cells = dict(zip(head.split("  "), line.split("  ")))
-    assert cells["tuned/floor"] == "1.25" and cells["x vs cupy cublas"] == "1.10" and cells["tile vs stream"] == "1.04"
+    assert cells["tuned/floor"] == "1.250" and cells["x vs cupy cublas"] == "1.100" and cells["tile vs stream"] == "1.040"
 
 
 def test_a_bench_summary_hands_its_picks_to_the_study(tmp_path):

@@ -48,7 +48,7 @@ def test_a_later_summary_wins_for_the_same_size_and_shapes_are_kept_apart(tmp_pa
     assert [s.name for s in series] == ["hidden=12288,ffn=6144", "hidden=4096,ffn=16384"]
     assert [(r["size"]["tokens"], r["tuned_us"]) for r in series[0].rows] == [(1, 90.0), (256, 120.0)]
     page = write_report("gpt3", [old, new], tmp_path / "out").read_text()
-    assert "| 256 | 120.0 (tile) | 122.4 | - | 132.0 (torch graph) | 1.10 | 60.0 | - | 1.02 |" in page  # no PDL chain
+    assert "| 256 | 120.0 (tile) | 122.4 | - | 132.0 (torch graph) | 1.100 | 60.0 | - | 1.020 |" in page  # no PDL chain
 
 
 def test_a_file_that_is_not_a_bench_summary_is_one_line_error(tmp_path, capsys):
@@ -70,7 +70,7 @@ def test_the_whole_network_figures_get_their_table(tmp_path):
                                                              "torch graph": 375.0},
                                           "formula": "3 x 56x56x64 + 4 x 28x28x128"}]}))
     text = write_report("resnet38", [p], tmp_path / "out").read_text()
-    assert "| 1 | 300.0 | 330.0 | 375.0 | 1.25 | 30.0 | 3 x 56x56x64 + 4 x 28x28x128 | `resnet38-net.bench.json` " \
+    assert "| 1 | 300.0 | 330.0 | 375.0 | 1.250 | 30.0 | 3 x 56x56x64 + 4 x 28x28x128 | `resnet38-net.bench.json` " \
            "(in CUDA graphs) |" in text
     assert "(in CUDA graphs) |" in text.split("## Whole network")[0]
 

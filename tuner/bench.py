@@ -236,7 +236,7 @@ def network_table(figures: list[dict[str, Any]], sweep: str) -> str:
     for f in figures:
         us = f["us"]
         torch_best = best_pytorch(us)
-        ratio = f", best PyTorch / tuned {torch_best / us['tuned']:.2f}" if torch_best and us.get("tuned") else ""
+        ratio = f", best PyTorch / tuned {ratio_text(torch_best / us['tuned'])}" if torch_best and us.get("tuned") else ""
         cells = ", ".join(f"{k} {v:.1f}" for k, v in sorted(us.items()))
         lines.append(f"whole network, {sweep}={f[sweep]}: {cells} µs{ratio}  [sum of {f['formula']}]")
     return "\n".join(lines)
@@ -297,9 +297,9 @@ def table(summary: dict[str, Any]) -> str:
     for r in summary["rows"]:
         tuned = r["tuned_us"]
         others = {**r["baselines_us"], **r.get("compared_us", {})}
-        vs = [f"{others[n] / tuned:.2f}" if n in others else "-" for n in names]
+        vs = [ratio_text(others[n] / tuned) if n in others else "-" for n in names]
         lines.append("  ".join([",".join(f"{k}={v}" for k, v in r.get("size", {"tokens": r["tokens"]}).items()), us_text(r["floor_us"]), us_text(r["stream_us"]), us_text(r.get("pdl_us")), us_text(r["tile_us"]), us_text(tuned),
-                                *(us_text(others.get(n)) for n in names), f"{tuned / r['floor_us']:.2f}", *vs,
+                                *(us_text(others.get(n)) for n in names), ratio_text(tuned / r['floor_us']), *vs,
                                 ratio_text(over_stream(r, "pdl")), ratio_text(over_stream(r, "tile"))]))
     return "\n".join(lines)
 
@@ -311,7 +311,7 @@ def stages_table(summary: dict[str, Any]) -> str:
         for s in r.get("stages_alone", []):
             lib = min(s["baselines_us"].values()) if s["baselines_us"] else None
             name = min(s["baselines_us"], key=s["baselines_us"].get) if lib else "-"
-            ratio = f"{lib / s['ours_us']:.2f}" if lib and s["ours_us"] else "-"
+            ratio = ratio_text(lib / s['ours_us']) if lib and s["ours_us"] else "-"
             lines.append(f"{r['label'].split('/')[0]}.{s['stage']}  {'x'.join(map(str, s['shape']))}  {s['epilogue']}  "
                          f"{us_text(s['ours_us'])}  {us_text(lib)} ({name})  {ratio}  {s['config']}")
     return "\n".join(lines)

@@ -113,7 +113,9 @@ def over_stream(row: dict[str, Any], kind: str) -> float | None:
 
 
 def ratio_text(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}"
+    """A ratio for a table, to a tenth of a percent (the gains of sync kinds over stream order are
+    often below one percent); "-" where there is none."""
+    return "-" if v is None else f"{v:.3f}"
 
 
 def us_text(v: float | None) -> str:
@@ -210,7 +212,7 @@ def write_report(workload: str, paths: Sequence[Path] | None = None, out_dir: Pa
                 pass
             tuned = r["tuned_us"]
             best = "-" if b is None else f"{b[1]:.1f} ({b[0]})"
-            ratio = "-" if b is None else f"{b[1] / tuned:.2f}"
+            ratio = "-" if b is None else ratio_text(b[1] / tuned)
             lines.append(f"| {r['size'][wl.sweep_param]} | {tuned:.1f} ({r.get('tuned')}) | {us_text(r.get('stream_us'))} | "
                          f"{us_text(r.get('pdl_us'))} | {best} | {ratio} | {r['floor_us']:.1f} | {pvs} | {tvs} | `{src}`{r['timing']} |")
         lines.append("")
@@ -237,7 +239,7 @@ def network_lines(workload: str, paths: Sequence[Path]) -> list[str]:
         us = f["us"]
         torch_best = best_pytorch(us)
         cell = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-        ratio = "-" if torch_best is None or not us.get("tuned") else f"{torch_best / us['tuned']:.2f}"
+        ratio = "-" if torch_best is None or not us.get("tuned") else ratio_text(torch_best / us["tuned"])
         out.append(f"| {f[sweep]} | {cell(us.get('tuned'))} | {cell(us.get('stream'))} | {cell(torch_best)} | {ratio} | "
                    f"{cell(us.get('floor'))} | {f['formula']} | `{name}`{timing} |")
     return out + [""]
