@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Recorded configs and the library's kernel for the same shape under Nsight Compute with the
 # clocks locked at base: duration, cycles (the most of any SM), tensor pipe activity, L2 sectors
-# (all of them; those the SMs read; those crossing between the L2's two halves) and DRAM bytes
-# read, each the median over the profiled launches. Interleaved rounds at boost clocks compare
-# what kernels cost under the power cap; this compares their cycles and traffic at one clock.
-# GPU only (ncu).
+# (all of them; those the SMs read, and the SMs' requests; those crossing between the L2's two
+# halves) and DRAM bytes read, each the median over the profiled launches. Interleaved rounds at
+# boost clocks compare what kernels cost under the power cap; this compares their cycles and
+# traffic at one clock. GPU only (ncu).
 #
 #   benchmarks/ncu_gemm.sh OUTDIR RECORDING LABEL RANKS LIBRARY_LABEL VARIANT [LAUNCHES]
 #   benchmarks/ncu_gemm.sh out studies/h200/gpt3-2048.measurements.json gpt3.gemm2/tokens=2048 1,6 \
@@ -20,7 +20,8 @@ out=$1 recording=$2 label=$3 ranks=$4 lib_label=$5 variant=$6 launches=${7:-5}
 mkdir -p "$out"
 here=$(dirname "${BASH_SOURCE[0]}")
 metrics=gpu__time_duration.sum,sm__cycles_elapsed.max,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
-metrics+=,lts__t_sectors.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_ltcfabric.sum,dram__bytes_read.sum
+metrics+=,lts__t_sectors.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_requests_srcunit_tex.sum
+metrics+=,lts__t_sectors_srcunit_ltcfabric.sum,dram__bytes_read.sum
 runs=$((launches + 15))  # the calls profile_*.py make: enough for the skipped and the profiled launches
 profile() {  # who, kernel regex, command...
     local who=$1 kernels=$2
@@ -49,6 +50,7 @@ out, sources = Path(sys.argv[1]), sys.argv[2:]
 columns = [("gpu__time_duration.sum", "µs", 1e-3), ("sm__cycles_elapsed.max", "cycles", 1),
            ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "tensor %", 1),
            ("lts__t_sectors.sum", "L2 sectors M", 1e-6), ("lts__t_sectors_srcunit_tex_op_read.sum", "SM reads M", 1e-6),
+           ("lts__t_requests_srcunit_tex.sum", "SM requests M", 1e-6),
            ("lts__t_sectors_srcunit_ltcfabric.sum", "across halves M", 1e-6), ("dram__bytes_read.sum", "DRAM read MB", 1e-6)]
 print("| source | kernel | launches | " + " | ".join(c[1] for c in columns) + " |")
 print("| --- | --- | ---: | " + " | ".join("---:" for _ in columns) + " |")
