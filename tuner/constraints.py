@@ -195,12 +195,14 @@ BLOCK_CONSTRAINTS: tuple[tuple[str, StageConstraint], ...] = (
     ("tile_height", tile_height),
     ("tile_width", tile_width),
 )
-STAGE_CONSTRAINTS: tuple[tuple[str, StageConstraint], ...] = BLOCK_CONSTRAINTS + (
+# The others read how the shape is split and clustered, or its stage's kind, too.
+PLACEMENT_CONSTRAINTS: tuple[tuple[str, StageConstraint], ...] = (
     ("split_k", split_k),
     ("cluster", cluster),
     ("persistence", persistence),
     ("stage_kind", stage_kind),
 )
+STAGE_CONSTRAINTS = BLOCK_CONSTRAINTS + PLACEMENT_CONSTRAINTS
 
 
 def stage_problem(g: StageGrid, lim: Limits, dev: DeviceInfo,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Container, Iterable, Iterator, 
 import numpy as np
 
 from .config import GLOBAL_FIELDS, TILE_FIELDS, Config, StageGrid, StageTiles
-from .constraints import (BLOCK_CONSTRAINTS, BLOCK_FIELDS, STAGE_CONSTRAINTS, chain_problem, combo_problem,
+from .constraints import (BLOCK_CONSTRAINTS, BLOCK_FIELDS, PLACEMENT_CONSTRAINTS, chain_problem, combo_problem,
                           stage_problem)
 from .device import DeviceInfo
 from .expr import Expr
@@ -204,7 +204,6 @@ class FeasibleSet:
         lim, dev = self.space.limits, self.device
         rest = tuple(f for f in TILE_FIELDS if f not in BLOCK_FIELDS)
         per_shape = int(np.prod([len(dom[f]) for f in rest]))
-        later = STAGE_CONSTRAINTS[len(BLOCK_CONSTRAINTS):]
         ok: list[StageGrid] = []
         rejected: dict[str, int] = {}
         for shape in itertools.product(*(dom[f] for f in BLOCK_FIELDS)):
@@ -219,7 +218,7 @@ class FeasibleSet:
                     why = ("persistence", "")
                 else:
                     g = StageGrid(stage, tiles)
-                    why = stage_problem(g, lim, dev, later)
+                    why = stage_problem(g, lim, dev, PLACEMENT_CONSTRAINTS)
                 if why is None:
                     ok.append(g)
                 else:
