@@ -8,9 +8,11 @@
 #        COMPARE=studies/h100 benchmarks/mlp_sizes.sh out  # every group, earlier picks re-timed beside
 #        SUSTAINED=2 benchmarks/mlp_sizes.sh out gpt3-2048  # final rounds under sustained load (bench --sustained 2)
 #
-# Groups (default: all, in this order): gpt3-1-64-128 gpt3-256 gpt3-512 gpt3-2048 llama-1-64
-# llama-320 llama-1024. A group of one mid or large size also times each GEMM alone against cuBLAS
-# (--stages). With COMPARE=DIR, a group whose DIR/<group>.bench.json exists re-times that run's
+# Groups (default: all built-in ones, in this order): gpt3-1-64-128 gpt3-256 gpt3-512 gpt3-2048
+# llama-1-64 llama-320 llama-1024. Shapes of other models (no recording holds them; run only when
+# named): gpt3-h4096-f16384-200 (GPT-J-6B), llama-h4096-f11008-200 (Llama-2-7B) and
+# llama-h5120-f13824-200 (Llama-2-13B), at 200 tokens. A group of one mid or large size also times
+# each GEMM alone against cuBLAS (--stages). With COMPARE=DIR, a group whose DIR/<group>.bench.json exists re-times that run's
 # picks in the final rounds (--compare). Writes OUTDIR/<group>.{bench.json,measurements.json,log,db}
 # and OUTDIR/report/ (tables and plots); prints each group's table.
 set -uo pipefail
@@ -29,7 +31,11 @@ for g in "${groups[@]}"; do
         llama-1-64) args=(llama --tokens 1,64 --trials 100) ;;
         llama-320) args=(llama --tokens 320 --trials 200 --stages) ;;
         llama-1024) args=(llama --tokens 1024 --trials 150 --stages) ;;
-        *) echo "unknown group $g; accepted: gpt3-1-64-128 gpt3-256 gpt3-512 gpt3-2048 llama-1-64 llama-320 llama-1024" >&2
+        gpt3-h4096-f16384-200) args=(gpt3 --hidden 4096 --ffn 16384 --tokens 200 --trials 200 --stages) ;;
+        llama-h4096-f11008-200) args=(llama --hidden 4096 --ffn 11008 --tokens 200 --trials 200 --stages) ;;
+        llama-h5120-f13824-200) args=(llama --hidden 5120 --ffn 13824 --tokens 200 --trials 200 --stages) ;;
+        *) echo "unknown group $g; accepted: gpt3-1-64-128 gpt3-256 gpt3-512 gpt3-2048 llama-1-64 llama-320" \
+               "llama-1024 gpt3-h4096-f16384-200 llama-h4096-f11008-200 llama-h5120-f13824-200" >&2
            exit 2 ;;
     esac
     if [ -n "${COMPARE:-}" ] && [ -f "$COMPARE/$g.bench.json" ]; then

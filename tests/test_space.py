@@ -491,6 +491,45 @@ def test_per_stage_override_applies_to_that_stage_only(tmp_path):
     assert d["gemm1.bm"] == [16, 32] and d["gemm2.bm"] == [16]
 
 
+def test_bm_fit_adds_the_heights_that_cut_m_into_whole_tiles(tmp_path):
+    """200 rows: one tile of 200 or two of 104 (whole 8-row groups); 2048 rows fit no tile of at
+    most 256 in one or two; without a size the listed heights alone."""
+    space = load_space(write(tmp_path, BASE.replace("bm = [16, 32]", "bm = [16, 128]\nbm_fit = [1, 2]")))
+    assert space.stage_domain("gemm1", 200)["bm"] == (16, 104, 128, 200)
+    assert space.stage_domain("gemm1", 2048)["bm"] == (16, 128)
+    assert space.stage_domain("gemm1", 32)["bm"] == (16, 32, 128)
+    assert space.stage_domain("gemm1")["bm"] == (16, 128)
+
+
+def test_bm_fit_is_per_stage_and_an_empty_list_turns_it_off(tmp_path):
+    text = BASE.replace("bm = [16, 32]", "bm = [16, 128]\nbm_fit = [1]") + "\n[stage.gemm2]\nbm_fit = []\n"
+    space = load_space(write(tmp_path, text))
+    assert space.stage_domain("gemm1", 200)["bm"] == (16, 128, 200)
+    assert space.stage_domain("gemm2", 200)["bm"] == (16, 128)
+
+
+@pytest.mark.parametrize("value", ["0", "[0]", "['a']", "[1, 1]", "true"])
+def test_bad_bm_fit_is_refused(tmp_path, value):
+    p = write(tmp_path, BASE + f"bm_fit = {value}\n")
+    with pytest.raises(SpaceError, match="stage.bm_fit"):
+        load_space(p)
+
+
+def test_a_fitted_height_reaches_the_feasible_set_at_sizes_the_list_misses():
+    """At 200 tokens the shipped space holds a transposed tile of all 200 rows (the listed heights
+    stop at 160 below it); at the built-in sizes every fitted height is listed already."""
+    space = load_space(home() / "search_spaces" / "llama.toml")
+    fs = space.feasible(get_workload("llama").chain(tokens=200, hidden=5120, ffn=13824), H200)
+    assert 200 in fs.domains()["gemm1.bm"] and 104 in fs.domains()["gemm2.bm"]
+    assert fs.contains(Config((StageTiles(200, 128, 64, 1, 2, 4, 1, "wgmma_tma_t"),) * 2, "stream", "col", "block",
+                              "serial")) is None
+    for name in ("gpt3", "llama"):
+        space = load_space(home() / "search_spaces" / f"{name}.toml")
+        for tokens in get_workload(name).sweep + (320,):
+            for st in get_workload(name).chain(tokens=tokens).stages:
+                assert space.stage_domain(st.name, st.m)["bm"] == space.stage_domain(st.name)["bm"], (name, tokens)
+
+
 def test_override_of_unknown_stage_is_refused(tmp_path):
     p = write(tmp_path, BASE + "\n[stage.gemm3]\nbm = [16]\n")
     with pytest.raises(SpaceError, match="gemm3"):

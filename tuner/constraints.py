@@ -15,7 +15,7 @@ from .device import DeviceInfo
 from .prefetch import prefetch_allowed
 from .stages import kind_of
 from .sync import POLICIES, cluster_allowed, launch_allowed, pair_env, persistent_allowed
-from .tiling import CONSUMER_REGS, TILE_SWITCHES, WG_OVERHEAD_REGS, even_share, may_persist, next_pow2, tail_split
+from .tiling import CONSUMER_REGS, TILE_SWITCHES, WG_OVERHEAD_REGS, WGMMA_MAX_N, even_share, may_persist, next_pow2, tail_split
 from .workloads import Chain
 
 HW_MAX_THREADS = 1024  # threads per block on every CUDA architecture the templates target
@@ -48,16 +48,16 @@ def warp_tile(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
         if t.transposed:
             if t.wm != 1 or t.bn != 64 * t.wn:
                 return f"a transposed {t.bm}x{t.bn} tile is not 64 columns per warpgroup for 1x{t.wn} warpgroups"
-            if t.bm % 8 or t.bm > 256:
-                return f"BM={t.bm} of a transposed tile is not a multiple of 8 up to 256 rows"
+            if t.bm % 8 or t.bm > WGMMA_MAX_N:
+                return f"BM={t.bm} of a transposed tile is not a multiple of 8 up to {WGMMA_MAX_N} rows"
             if not t.persistent and t.transposed_out_bytes() > t.ring_bytes():
                 return f"the fp32 {t.bm}x{t.bn} tile does not fit in the {t.ring_bytes()}-byte ring for its epilogue"
         else:
             wgn = t.bn // t.wn
             if t.bm != 64 * t.wm:
                 return f"BM={t.bm} is not 64 rows per warpgroup for {t.wm} warpgroups along M"
-            if t.bn % t.wn or wgn % 8 or wgn > 256:
-                return f"BN={t.bn} over {t.wn} warpgroups is not a multiple of 8 up to 256 columns each"
+            if t.bn % t.wn or wgn % 8 or wgn > WGMMA_MAX_N:
+                return f"BN={t.bn} over {t.wn} warpgroups is not a multiple of 8 up to {WGMMA_MAX_N} columns each"
         if t.bk % 64:
             return f"BK={t.bk} is not a whole number of 64-wide swizzle atoms"
         if t.stages < 3:

@@ -170,7 +170,7 @@ class FeasibleSet:
         self.device = device
         self.space = space
         self.stage_names = [s.name for s in chain.stages]
-        self.domains_space: list[dict[str, tuple[int, ...]]] = [space.stage_domain(n) for n in self.stage_names]
+        self.domains_space: list[dict[str, tuple[int, ...]]] = [space.stage_domain(s.name, s.m) for s in chain.stages]
         self._rejections: list[dict[str, int]] = []
         self.tilings: list[list[StageGrid]] = []
         for stage, dom in zip(chain.stages, self.domains_space):

@@ -18,7 +18,7 @@ from .device import DeviceInfo
 from .feasible import FeasibleSet
 from .prefetch import PREFETCHES
 from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES
-from .tiling import TILE_SWITCHES
+from .tiling import TILE_SWITCHES, fitted_heights
 from .tomlfile import did_you_mean, read_toml
 from .workloads import Chain
 
@@ -38,6 +38,11 @@ GLOBAL_CHOICES: dict[str, tuple[str, ...]] = {
 # (one added later, opt-in) only that.
 DEFAULT_GLOBALS: dict[str, tuple[str, ...]] = {**GLOBAL_CHOICES, **{f: (v,) for f, v in GLOBAL_DEFAULTS.items()}}
 TABLES = ("stage", "global", "limits")
+# Keys of a [stage] table that derive tile values from the stage's shape rather than list them.
+# bm_fit: also the tile heights that cut the stage's M into each of these counts of tiles of whole
+# 8-row groups (tiling.fitted_heights), for the tiles whose rows may be any multiple of 8.
+FIT_KEY = "bm_fit"
+STAGE_KEYS = TILE_FIELDS + (FIT_KEY,)
 
 
 LIMIT_KEYS = tuple(Limits.__dataclass_fields__)
@@ -52,10 +57,16 @@ class SearchSpace:
     globals: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_GLOBALS))
     limits: Limits = Limits()
     source: str = "<search space>"
+    fits: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # bm_fit: "" for [stage], else per stage
 
-    def stage_domain(self, stage_name: str) -> dict[str, tuple[Any, ...]]:
-        """Candidate values of each tile field for one stage."""
-        return {**self.stage, **self.overrides.get(stage_name, {})}
+    def stage_domain(self, stage_name: str, m: int | None = None) -> dict[str, tuple[Any, ...]]:
+        """Candidate values of each tile field for one stage; given the stage's ``m``, the listed
+        heights and those that ``bm_fit`` derives from it, in ascending order."""
+        dom = {**self.stage, **self.overrides.get(stage_name, {})}
+        parts = self.fits.get(stage_name, self.fits.get("", ()))
+        if m is not None and parts:
+            dom["bm"] = tuple(sorted(set(dom["bm"]) | set(fitted_heights(m, parts))))
+        return dom
 
     def feasible(self, chain: Chain, device: DeviceInfo) -> FeasibleSet:
         """Every config of this space that can run on ``device`` for ``chain``."""
@@ -65,7 +76,6 @@ class SearchSpace:
                 raise SpaceError(f"{self.source}: [stage.{name}] names no stage of {chain.workload}"
                                  f"{did_you_mean(name, names)}; stages: {', '.join(names)}")
         return FeasibleSet(chain, device, self)
-
 
 
 def _int_list(value: Any, where: str, source: str) -> tuple[int, ...]:
@@ -84,6 +94,11 @@ def _choice_list(value: Any, where: str, accepted: Sequence[str], source: str) -
         what = f"{bad[0]!r} is not one of them" if bad else "a non-empty list without repeated values"
         raise SpaceError(f"{source}: {where} = {value!r}: accepted: {', '.join(accepted)} ({what})")
     return tuple(items)
+
+
+def _fit_list(value: Any, where: str, source: str) -> tuple[int, ...]:
+    """``bm_fit``: tile counts, or an empty list (none: a [stage.NAME] table turning [stage]'s off)."""
+    return () if value == [] else _int_list(value, where, source)
 
 
 def _switch_list(value: Any, where: str, key: str, source: str) -> tuple[int, ...]:
@@ -119,18 +134,24 @@ def parse_space(data: Mapping[str, Any], source: str = "<search space>") -> Sear
         raise SpaceError(f"{source}: missing table [stage]; it lists {', '.join(TILE_FIELDS)}")
     stage: dict[str, tuple[Any, ...]] = {}
     overrides: dict[str, dict[str, tuple[Any, ...]]] = {}
+    fits: dict[str, tuple[int, ...]] = {}
     for key, value in raw_stage.items():
         if isinstance(value, dict):
             sub = {}
             for k, v in value.items():
-                if k not in TILE_FIELDS:
-                    raise _unknown(k, f"stage.{key}.{k}", TILE_FIELDS, source)
-                sub[k] = _tile_list(v, f"stage.{key}.{k}", k, source)
+                if k == FIT_KEY:
+                    fits[key] = _fit_list(v, f"stage.{key}.{k}", source)
+                elif k in TILE_FIELDS:
+                    sub[k] = _tile_list(v, f"stage.{key}.{k}", k, source)
+                else:
+                    raise _unknown(k, f"stage.{key}.{k}", STAGE_KEYS, source)
             overrides[key] = sub
+        elif key == FIT_KEY:
+            fits[""] = _fit_list(value, f"stage.{key}", source)
         elif key in TILE_FIELDS:
             stage[key] = _tile_list(value, f"stage.{key}", key, source)
         else:
-            raise _unknown(key, f"stage.{key}", TILE_FIELDS, source)
+            raise _unknown(key, f"stage.{key}", STAGE_KEYS, source)
     for key, value in TILE_DEFAULTS.items():
         stage.setdefault(key, (value,))
     missing = [f for f in TILE_FIELDS if f not in stage]
@@ -150,7 +171,7 @@ def parse_space(data: Mapping[str, Any], source: str = "<search space>") -> Sear
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise SpaceError(f"{source}: limits.{key} = {value!r}: accepted: a positive integer")
         limits[key] = value
-    return SearchSpace(stage, overrides, globals_, Limits(**limits), source)
+    return SearchSpace(stage, overrides, globals_, Limits(**limits), source, fits)
 
 
 def load_space(path: str | Path) -> SearchSpace:

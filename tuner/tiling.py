@@ -6,7 +6,7 @@ which holds one tiling per stage.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Iterable, Protocol
 
 from .expr import Expr
 
@@ -46,6 +46,21 @@ WG_OVERHEAD_REGS = 56  # registers a warpgroup kernel needs besides its accumula
 # whole warpgroup that gives its registers up, and the MMA warpgroups take them. The three counts
 # balance: 40 + 2 * 232 = 3 * 168, the even share of 384 threads that the kernel starts with.
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
+WGMMA_MAX_N = 256  # wgmma's widest N: a transposed tile's rows, a warpgroup's columns (multiples of 8)
+
+
+def fitted_heights(m: int, parts: Iterable[int]) -> tuple[int, ...]:
+    """Tile heights that cut ``m`` rows into each count of ``parts`` tiles of whole 8-row groups,
+    up to :data:`WGMMA_MAX_N` (a transposed tile's rows, any multiple of 8): 200 tokens make one
+    tile of 200 or two of 104 rows, where the listed heights would pad one of 256 or cut 128 + 72.
+    Measured on an H100 at Llama-2-13B's gate/up GEMM with 200 tokens: 200x128 113.1 µs against
+    139.3 for the search's 128x256 pick (results page)."""
+    out: list[int] = []
+    for j in parts:
+        h = -(-(-(-m // j)) // 8) * 8
+        if h <= WGMMA_MAX_N and h not in out:
+            out.append(h)
+    return tuple(out)
 
 
 def even_share(threads: int) -> int:
