@@ -14,6 +14,7 @@ from tuner.config import GLOBAL_FIELDS, TILE_DEFAULTS, TILE_FIELDS, Config, Stag
 from tuner.paths import home
 from tuner.constraints import BLOCK_CONSTRAINTS, BLOCK_FIELDS, STAGE_CONSTRAINTS, stage_problem
 from tuner.space import SpaceError, load_space, parse_space
+from tuner.tiling import fitted_heights
 from tuner.stages.gemm import GemmStage
 from tuner.workloads import get_workload
 
@@ -493,12 +494,22 @@ def test_per_stage_override_applies_to_that_stage_only(tmp_path):
 
 def test_bm_fit_adds_the_heights_that_cut_m_into_whole_tiles(tmp_path):
     """200 rows: one tile of 200 or two of 104 (whole 8-row groups); 2048 rows fit no tile of at
-    most 256 in one or two; without a size the listed heights alone."""
+    most 256 in one or two; 32 rows in two tiles are the listed 16; without a size the listed
+    heights alone."""
     space = load_space(write(tmp_path, BASE.replace("bm = [16, 32]", "bm = [16, 128]\nbm_fit = [1, 2]")))
     assert space.stage_domain("gemm1", 200)["bm"] == (16, 104, 128, 200)
     assert space.stage_domain("gemm1", 2048)["bm"] == (16, 128)
     assert space.stage_domain("gemm1", 32)["bm"] == (16, 32, 128)
     assert space.stage_domain("gemm1")["bm"] == (16, 128)
+
+
+def test_a_fitted_height_that_a_listed_one_matches_is_left_out():
+    """A listed height that needs no more tiles and computes no more rows does as well."""
+    listed = (8, 16, 32, 64, 128, 160, 256)
+    assert fitted_heights(600, (1, 2, 3, 4), listed) == (200, 152)  # 256 computes 768 rows, 160 four tiles of 640
+    assert fitted_heights(256, (1, 2, 3, 4), listed) == ()  # 88 x 3 computes more than 128 x 2
+    assert fitted_heights(200, (1, 2, 3, 4), listed) == (200, 104, 72, 56)
+    assert fitted_heights(1000, (4,), listed) == ()  # 250 rounds up to 256
 
 
 def test_bm_fit_is_per_stage_and_an_empty_list_turns_it_off(tmp_path):

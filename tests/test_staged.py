@@ -12,7 +12,7 @@ from tuner.config import Config, StageTiles
 from tuner.paths import home
 from tuner.space import load_space
 from tuner.strategies import Outcome, SearchContext
-from tuner.strategies.staged import CLUSTER_TOP, PERSIST_TOP, Staged
+from tuner.strategies.staged import CLUSTER_TOP, PERSIST_TOP, Staged, preferred_order
 from tuner.workloads import get_workload
 
 H200 = DeviceInfo("NVIDIA H200")
@@ -107,6 +107,24 @@ def test_the_chain_pass_pairs_the_fastest_tilings_under_every_policy_launch_and_
     assert len(usable) >= 4 and paired <= usable and {(c[0], c[3], c[4]) for c in paired} == kinds
     assert len(paired) == len(kinds)
     assert batch[0].config.policy == "stream"  # a stream baseline leads
+
+
+def test_the_chain_pass_pairs_in_column_order_under_stream_and_row_order_under_sync_then_tries_the_other():
+    """Where kernel boundaries order the stages, a stage runs as it was timed alone (column order:
+    a wave reads each weight slab once); a sync policy waits on producer rows, which row order
+    completes first. The fastest pairing then gets the other order under each."""
+    chain, fs = feasible(256)
+    st = Staged()
+    st.start(SearchContext(chain, fs, H200, lambda c: check(chain, c) is None, 2000, stage_tilings=fs.tilings))
+    first = run_passes(st, "chain pass")
+    best = tuple(st._top_tilings(j)[0] for j in range(2))
+    paired = [p.config for p in first if p.config.tiles == best]
+    assert {c.order for c in paired if c.policy == "stream"} == {"col"}
+    assert {c.order for c in paired if c.policy != "stream"} == {"row"}
+    st.observe(Outcome(p, 10.0 + i * 1e-3) for i, p in enumerate(first))
+    later = [p.config for p in st.propose(10_000) if p.config.tiles == best]
+    flipped = {(c.policy, c.launch, c.prefetch) for c in later if c.order != preferred_order(c.policy)}
+    assert flipped == {(c.policy, c.launch, c.prefetch) for c in paired}
 
 
 def test_no_proposal_is_infeasible_or_refused_and_exploration_follows_an_exhausted_neighbourhood():

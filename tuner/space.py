@@ -40,7 +40,8 @@ DEFAULT_GLOBALS: dict[str, tuple[str, ...]] = {**GLOBAL_CHOICES, **{f: (v,) for 
 TABLES = ("stage", "global", "limits")
 # Keys of a [stage] table that derive tile values from the stage's shape rather than list them.
 # bm_fit: also the tile heights that cut the stage's M into each of these counts of tiles of whole
-# 8-row groups (tiling.fitted_heights), for the tiles whose rows may be any multiple of 8.
+# 8-row groups, where no listed height does as well (tiling.fitted_heights), for the tiles whose
+# rows may be any multiple of 8.
 FIT_KEY = "bm_fit"
 STAGE_KEYS = TILE_FIELDS + (FIT_KEY,)
 
@@ -65,7 +66,7 @@ class SearchSpace:
         dom = {**self.stage, **self.overrides.get(stage_name, {})}
         parts = self.fits.get(stage_name, self.fits.get("", ()))
         if m is not None and parts:
-            dom["bm"] = tuple(sorted(set(dom["bm"]) | set(fitted_heights(m, parts))))
+            dom["bm"] = tuple(sorted(set(dom["bm"]) | set(fitted_heights(m, parts, dom["bm"]))))
         return dom
 
     def feasible(self, chain: Chain, device: DeviceInfo) -> FeasibleSet:

@@ -49,16 +49,21 @@ PRODUCER_REGS, CONSUMER_REGS = 40, 232
 WGMMA_MAX_N = 256  # wgmma's widest N: a transposed tile's rows, a warpgroup's columns (multiples of 8)
 
 
-def fitted_heights(m: int, parts: Iterable[int]) -> tuple[int, ...]:
+def fitted_heights(m: int, parts: Iterable[int], listed: Iterable[int] = ()) -> tuple[int, ...]:
     """Tile heights that cut ``m`` rows into each count of ``parts`` tiles of whole 8-row groups,
-    up to :data:`WGMMA_MAX_N` (a transposed tile's rows, any multiple of 8): 200 tokens make one
-    tile of 200 or two of 104 rows, where the listed heights would pad one of 256 or cut 128 + 72.
-    Measured on an H100 at Llama-2-13B's gate/up GEMM with 200 tokens: 200x128 113.1 µs against
-    139.3 for the search's 128x256 pick (results page)."""
+    up to :data:`WGMMA_MAX_N` (a transposed tile's rows, any multiple of 8), less those that a
+    ``listed`` height matches: as few tiles or fewer, and no more rows computed. 200 tokens make
+    one tile of 200 or two of 104, where the listed 8-256 and 160 pad one of 256 or cut 128 + 72;
+    600 make three of 200 or four of 152, where 256 computes 768 rows and 160 four tiles of 640.
+    Measured on an H100 (results page): Llama-2-13B's gate/up GEMM at 200 tokens 139.3 µs with
+    the search's 128x256 pick, 113.1 with 200x128; Llama-2-7B's at 600, 157.5 with 200x128 against
+    195.1 for the fastest listed height."""
+    listed = [h for h in listed if h > 0]
     out: list[int] = []
     for j in parts:
         h = -(-(-(-m // j)) // 8) * 8
-        if h <= WGMMA_MAX_N and h not in out:
+        matched = any(-(-m // g) <= j and -(-m // g) * g <= j * h for g in listed)
+        if h <= WGMMA_MAX_N and h not in out and not matched:
             out.append(h)
     return tuple(out)
 

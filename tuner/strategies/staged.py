@@ -13,13 +13,15 @@
    wave split along K. A stage dominates the chain's time and its best tiling barely depends on
    the sync choice, so this is where most of the budget goes.
 2. **Chain pass.** The fastest tilings of each stage, paired in the order of their summed
-   stage times, under every sync choice (policy, order, dispatch, launch) the space holds
-   and the checker accepts. Right after the fastest pairing, under the sync choices that served
-   it best: that pairing with one stage's tiling swapped for the fastest of another MMA
-   instruction that came within :data:`LIVE_KIND` of it alone. The fastest tiling alone is not
+   stage times, under every policy and launch the space holds and the checker accepts, each in
+   the tile order that suits its policy (:func:`preferred_order`). Right after the fastest
+   pairing, under the sync choices that served it best: that pairing with one stage's tiling
+   swapped for the fastest of another MMA instruction that came within :data:`LIVE_KIND` of it
+   alone. The fastest tiling alone is not
    always the fastest in the chain (at LLaMA decode a 64-row TMA tile of the QKV projection was
    faster alone and an 8-row transposed one faster in the chain), and the pairings by summed
-   time would reach the other instruction only after many of the first's.
+   time would reach the other instruction only after many of the first's. Then the fastest
+   pairing in the other tile orders, where the rule of thumb may be wrong.
 3. **Refinement.** A neighbourhood search around the best chains measured: one stage's
    tiling swapped for another fast one or for a tiling one field away, or another sync
    choice; candidates ranked by the parent's time corrected by the stage times measured
@@ -40,7 +42,8 @@ from typing import Iterable
 
 from ..config import TILE_FIELDS, Config, StageGrid, StageTiles
 from ..model import rank_seconds
-from .base import Outcome, Proposal, SearchContext, Strategy, opening, stage_config
+from ..sync import ORDERS
+from .base import STAGE_ALONE, Outcome, Proposal, SearchContext, Strategy, opening, stage_config
 
 STAGE_SHARE = 0.5  # of the budget, for the stage pass (all stages together)
 CHAIN_SHARE = 0.3  # for the chain pass; refinement gets the rest
@@ -74,14 +77,29 @@ def _plain(t: StageTiles) -> bool:
     return t.cluster == 1 and not t.persistent
 
 
+def preferred_order(policy: str) -> str:
+    """The tile order a chain is paired in first under ``policy``. Where kernel boundaries order
+    the stages (the stream policy), the stage pass's own (:data:`STAGE_ALONE`: column order, in
+    which a wave of several M rows reads each weight slab once; at llama 600 tokens the same
+    tilings took 296 µs in row order and 235 in column order, on an H100). Under a sync policy,
+    row order: a producer completes its rows, what consumers wait for, one after another."""
+    return STAGE_ALONE[1] if policy == "stream" else "row"
+
+
 def core_combos(combos: Iterable[tuple[str, ...]]) -> list[tuple[str, ...]]:
-    """One global combination per (policy, launch, prefetch), stream first: the tile order and
-    dispatch rarely decide a chain, and pairing all of them with every tiling left the chain pass
-    one or two pairings (refinement tries the others on the best chains)."""
+    """One global combination per (policy, launch, prefetch), stream first, in the policy's
+    preferred tile order and block dispatch: pairing every order and dispatch with every tiling
+    left the chain pass one or two pairings (the fastest pairing is tried in the other orders
+    next, and refinement tries the rest on the best chains)."""
     best: dict[tuple[str, ...], tuple[str, ...]] = {}
-    for c in sorted(combos, key=lambda c: (c[1] != "row", c[2] != "block", c)):
+    for c in sorted(combos, key=lambda c: (c[1] != preferred_order(c[0]), c[2] != "block", c)):
         best.setdefault((c[0], c[3], c[4]), c)
     return sorted(best.values(), key=lambda c: (c[0] != "stream", c[4] != "none", c[3] != "serial"))
+
+
+def other_orders(combo: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """``combo`` in every other tile order."""
+    return [(combo[0], o, *combo[2:]) for o in ORDERS if o != combo[1]]
 
 
 class Staged(Strategy):
@@ -250,8 +268,10 @@ class Staged(Strategy):
                                                     self.times.get(Config(best, *c)) or 0.0))
             swaps = batch(Config(alt, *c) for alt in self._instruction_swaps(best) for c in
                           [c for c in served if self.ctx.usable(Config(alt, *c))][:ALT_COMBOS])
+            # The order a policy prefers is a rule of thumb; the fastest pairing tries the others.
+            flipped = batch(Config(best, *o) for c in combos for o in other_orders(c))
             rest = batch(Config(tuple(tiles), *c) for tiles in pairings[1:] for c in combos)
-            yield [Proposal(c, "chain pass") for c in swaps + rest]
+            yield [Proposal(c, "chain pass") for c in swaps + flipped + rest]
 
     def _neighbours(self, parent: Config) -> Iterable[Config]:
         for j, t in enumerate(parent.tiles):
