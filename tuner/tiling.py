@@ -58,11 +58,11 @@ def fitted_heights(m: int, parts: Iterable[int], listed: Iterable[int] = ()) -> 
     Measured on an H100 (results page): Llama-2-13B's gate/up GEMM at 200 tokens 139.3 µs with
     the search's 128x256 pick, 113.1 with 200x128; Llama-2-7B's at 600, 157.5 with 200x128 against
     195.1 for the fastest listed height."""
-    listed = [h for h in listed if h > 0]
+    listed = tuple(listed)
     out: list[int] = []
     for j in parts:
-        h = -(-(-(-m // j)) // 8) * 8
-        matched = any(-(-m // g) <= j and -(-m // g) * g <= j * h for g in listed)
+        h = cdiv(cdiv(m, j), 8) * 8
+        matched = any(cdiv(m, g) <= j and cdiv(m, g) * g <= j * h for g in listed)
         if h <= WGMMA_MAX_N and h not in out and not matched:
             out.append(h)
     return tuple(out)
