@@ -5,6 +5,7 @@ import hashlib
 import importlib.util
 import sys
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -372,6 +373,24 @@ def test_a_new_size_starts_from_the_best_configs_of_the_nearest_sizes_and_stage_
     assert transfer_candidates(rdb, other, DEVICE) == ([], [[], []])
     # Nothing transfers from another device.
     assert transfer_candidates(rdb, near, DeviceInfo("other GPU")) == ([], [[], []])
+
+
+def test_a_neighbours_transposed_pick_comes_refitted_to_this_sizes_rows_then_as_picked(storage):
+    """One tile of 64 rows at 64 tokens is one of 72 at 72 tokens, the height bm_fit holds there
+    (64 rows would leave a second tile of 8); the pick as it was follows it."""
+    from tuner.store import open_optuna_storage
+    from tuner.study import transfer_candidates
+
+    space = parse_space({"stage": {"bm": [64], "bm_fit": [1], "bn": [128], "bk": [64], "wm": [1], "wn": [2],
+                                   "stages": [3], "split_k": [1], "mma": ["wgmma_tma_t"]}}, "fit.toml")
+    run_study(CHAIN, space, FakeBackend(space=space), storage, strategy="staged", trials=10, check=no_col_order,
+              final=False)
+    near = get_workload("gpt3").chain(tokens=72)
+    chains, stages = transfer_candidates(open_optuna_storage(storage), near, DEVICE)
+    assert chains and [t.bm for t in chains[0].tiles] == [72, 72] and [t.bm for t in chains[1].tiles] == [64, 64]
+    assert chains[1].tiles == tuple(replace(t, bm=64) for t in chains[0].tiles)
+    assert [[t.bm for t in ts] for ts in stages] == [[72, 64], [72, 64]]
+    assert space.feasible(near, DEVICE).contains(chains[0]) is None
 
 
 def test_a_study_timed_as_graph_replays_is_kept_apart_from_one_timed_as_launches(storage):

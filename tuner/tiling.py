@@ -5,7 +5,7 @@ which holds one tiling per stage.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Protocol
 
 from .expr import Expr
@@ -97,6 +97,17 @@ def tile_value(field: str, value: Any) -> Any:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def refitted(t: "StageTiles", m_from: int, m_to: int) -> "StageTiles":
+    """``t``, picked at ``m_from`` rows, cutting ``m_to`` rows into as many tiles of whole 8-row
+    groups where its height may be any such multiple (a transposed tile, up to
+    :data:`WGMMA_MAX_N`): a neighbouring size's tile of 200 rows at 200 tokens is one of 208 at
+    208, the height that size's ``bm_fit`` holds, where 200 rows would leave a second tile of 8."""
+    if not t.transposed or m_from == m_to:
+        return t
+    h = cdiv(cdiv(m_to, cdiv(m_from, t.bm)), 8) * 8
+    return replace(t, bm=h) if h <= WGMMA_MAX_N else t
 
 
 def next_pow2(x: int) -> int:

@@ -13,13 +13,14 @@ import math
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from . import UsageError
 from .backends.base import FAIL_REASONS, DeviceInfo, Measurement
 from .config import Config
-from .workloads import Chain
+from .tiling import refitted
+from .workloads import Chain, get_workload
 
 FINALISTS = "finalists"
 
@@ -257,8 +258,9 @@ def transfer_candidates(rdb: Any, chain: Chain, device: DeviceInfo, per_study: i
 
     size = chain.size_dict
     sweep = chain.size[0][0]
-    chain_near: list[tuple[float, str]] = []
-    stage_near: list[list[tuple[float, str]]] = [[] for _ in chain.stages]
+    # (distance, study, the rows M of each of its stages)
+    chain_near: list[tuple[float, str, tuple[int, ...]]] = []
+    stage_near: list[list[tuple[float, str, int]]] = [[] for _ in chain.stages]
     shapes = [(st.n, st.k, st.epilogue) for st in chain.stages]
     for s in optuna.get_all_study_summaries(rdb, include_best_trial=False):
         a = s.user_attrs
@@ -270,10 +272,11 @@ def transfer_candidates(rdb: Any, chain: Chain, device: DeviceInfo, per_study: i
             m, n, k, epi = a["stage_shape"]
             for j, shape in enumerate(shapes):
                 if (n, k, epi) == shape:
-                    stage_near[j].append((abs(math.log(m / chain.stages[j].m)), s.study_name))
+                    stage_near[j].append((abs(math.log(m / chain.stages[j].m)), s.study_name, m))
         elif a.get("workload") == chain.workload and sweep in other and all(
                 other.get(p) == v for p, v in size.items() if p != sweep):
-            chain_near.append((abs(math.log(other[sweep] / size[sweep])), s.study_name))
+            rows = tuple(st.m for st in get_workload(chain.workload).chain(**other).stages)
+            chain_near.append((abs(math.log(other[sweep] / size[sweep])), s.study_name, rows))
 
     def best_of(name: str, n_stages: int) -> list[Config]:
         trials = optuna.load_study(study_name=name, storage=rdb).get_trials(deepcopy=False,
@@ -282,14 +285,20 @@ def transfer_candidates(rdb: Any, chain: Chain, device: DeviceInfo, per_study: i
         out = [c for t in trials[:per_study] if (c := trial_config(t, n_stages)) is not None]
         return out
 
+    # A pick of another size comes as picked, and first with its tile heights refitted to this
+    # size's rows (tiling.refitted): a height fitted to that size is rarely one this size's space holds.
     chain_cfgs: list[Config] = []
-    for _, name in sorted(chain_near)[:neighbours]:
-        chain_cfgs += [c for c in best_of(name, len(chain.stages)) if c not in chain_cfgs]
+    for _, name, rows in sorted(chain_near)[:neighbours]:
+        for c in best_of(name, len(chain.stages)):
+            fit = replace(c, tiles=tuple(refitted(t, m, st.m) for t, m, st in zip(c.tiles, rows, chain.stages)))
+            chain_cfgs += [x for x in dict.fromkeys((fit, c)) if x not in chain_cfgs]
     stage_tiles = []
-    for near in stage_near:
+    for j, near in enumerate(stage_near):
         tiles: list[Any] = []
-        for _, name in sorted(near)[:neighbours]:
-            tiles += [c.tiles[0] for c in best_of(name, 1) if c.tiles[0] not in tiles]
+        for _, name, m in sorted(near)[:neighbours]:
+            for c in best_of(name, 1):
+                tiles += [t for t in dict.fromkeys((refitted(c.tiles[0], m, chain.stages[j].m), c.tiles[0]))
+                          if t not in tiles]
         stage_tiles.append(tiles)
     return chain_cfgs, stage_tiles
 

@@ -40,7 +40,7 @@ import itertools
 from dataclasses import replace
 from typing import Iterable
 
-from ..config import TILE_FIELDS, Config, StageGrid, StageTiles
+from ..config import TILE_FIELDS, Config, StageTiles
 from ..model import rank_seconds
 from ..sync import ORDERS
 from .base import STAGE_ALONE, Outcome, Proposal, SearchContext, Strategy, opening, stage_config
