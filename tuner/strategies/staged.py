@@ -17,11 +17,11 @@
    the tile order that suits its policy (:func:`preferred_order`). Right after the fastest
    pairing, under the sync choices that served it best: that pairing with one stage's tiling
    swapped for the fastest of another MMA instruction that came within :data:`LIVE_KIND` of it
-   alone. The fastest tiling alone is not
-   always the fastest in the chain (at LLaMA decode a 64-row TMA tile of the QKV projection was
-   faster alone and an 8-row transposed one faster in the chain), and the pairings by summed
-   time would reach the other instruction only after many of the first's. Then the fastest
-   pairing in the other tile orders, where the rule of thumb may be wrong.
+   alone. The fastest tiling alone is not always the fastest in the chain (at LLaMA decode a
+   64-row TMA tile of the QKV projection was faster alone and an 8-row transposed one faster in
+   the chain), and the pairings by summed time would reach the other instruction only after
+   many of the first's. Then the fastest pairing in the other tile orders, where the rule of
+   thumb may be wrong.
 3. **Refinement.** A neighbourhood search around the best chains measured: one stage's
    tiling swapped for another fast one or for a tiling one field away, or another sync
    choice; candidates ranked by the parent's time corrected by the stage times measured
