@@ -2,7 +2,8 @@
 # Recorded configs and the library's kernel for the same shape under Nsight Compute with the
 # clocks locked at base: duration, cycles (the most of any SM), tensor pipe activity, L2 sectors
 # (all of them; those the SMs read, and the SMs' requests; those crossing between the L2's two
-# halves) and DRAM bytes read, each the median over the profiled launches. Interleaved rounds at
+# halves), DRAM bytes read, and the bytes the SMs receive from TMA loads (multicast ones apart,
+# with the multicast requests and their replays), each the median over the profiled launches. Interleaved rounds at
 # boost clocks compare what kernels cost under the power cap; this compares their cycles and
 # traffic at one clock. GPU only (ncu).
 #
@@ -22,6 +23,12 @@ here=$(dirname "${BASH_SOURCE[0]}")
 metrics=gpu__time_duration.sum,sm__cycles_elapsed.max,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
 metrics+=,lts__t_sectors.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_requests_srcunit_tex.sum
 metrics+=,lts__t_sectors_srcunit_ltcfabric.sum,dram__bytes_read.sum
+# What the SMs receive from TMA loads (all; those multicast to the cluster), and the multicast read
+# requests with those replayed for each further block they reach: how the L2's counts see a multicast.
+metrics+=,l1tex__m_xbar2l1tex_read_bytes_mem_global_op_tma_ld.sum
+metrics+=,l1tex__m_xbar2l1tex_read_bytes_mem_global_op_tma_ld_dest_multicast.sum
+metrics+=,l1tex__m_l1tex2xbar_read_requests_mem_global_op_tma_ld_dest_multicast.sum
+metrics+=,l1tex__m_l1tex2xbar_read_requests_replayed_mem_global_op_tma_ld_dest_multicast.sum
 runs=$((launches + 15))  # the calls profile_*.py make: enough for the skipped and the profiled launches
 profile() {  # who, kernel regex, command...
     local who=$1 kernels=$2
@@ -51,7 +58,11 @@ columns = [("gpu__time_duration.sum", "µs", 1e-3), ("sm__cycles_elapsed.max", "
            ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "tensor %", 1),
            ("lts__t_sectors.sum", "L2 sectors M", 1e-6), ("lts__t_sectors_srcunit_tex_op_read.sum", "SM reads M", 1e-6),
            ("lts__t_requests_srcunit_tex.sum", "SM requests M", 1e-6),
-           ("lts__t_sectors_srcunit_ltcfabric.sum", "across halves M", 1e-6), ("dram__bytes_read.sum", "DRAM read MB", 1e-6)]
+           ("lts__t_sectors_srcunit_ltcfabric.sum", "across halves M", 1e-6), ("dram__bytes_read.sum", "DRAM read MB", 1e-6),
+           ("l1tex__m_xbar2l1tex_read_bytes_mem_global_op_tma_ld.sum", "TMA in MB", 1e-6),
+           ("l1tex__m_xbar2l1tex_read_bytes_mem_global_op_tma_ld_dest_multicast.sum", "multicast in MB", 1e-6),
+           ("l1tex__m_l1tex2xbar_read_requests_mem_global_op_tma_ld_dest_multicast.sum", "multicast requests M", 1e-6),
+           ("l1tex__m_l1tex2xbar_read_requests_replayed_mem_global_op_tma_ld_dest_multicast.sum", "replayed M", 1e-6)]
 print("| source | kernel | launches | " + " | ".join(c[1] for c in columns) + " |")
 print("| --- | --- | ---: | " + " | ".join("---:" for _ in columns) + " |")
 for who in sources:

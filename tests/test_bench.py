@@ -407,6 +407,7 @@ for i in 0 1 2; do
   echo "\"$i\",\"$k\",\"gpu__time_duration.sum\",\"ns\",\"$((440000 + d + i * 1000))\""
   echo "\"$i\",\"$k\",\"sm__cycles_elapsed.max\",\"cycle\",\"62$i,000\""
   echo "\"$i\",\"$k\",\"lts__t_sectors_srcunit_tex_op_read.sum\",\"sector\",\"$((r + i))\""
+  echo "\"$i\",\"$k\",\"l1tex__m_xbar2l1tex_read_bytes_mem_global_op_tma_ld.sum\",\"byte\",\"3,600,000,000\""
 done
 """)
     ncu.chmod(0o755)
@@ -425,6 +426,7 @@ done
     assert rows[0].split(" | ")[1:5] == ["`stage0_kernel`", "3", "441.0", "621,000"]
     assert rows[2].split(" | ")[1:4] == ["`nvjet_sm90_hsh_256x128`", "3", "443.0"]
     assert rows[0].split(" | ")[7] == "77.0" and rows[2].split(" | ")[7] == "64.0"  # SM reads, millions
+    assert rows[0].split(" | ")[11] == "3,600"  # what the SMs received from TMA loads, MB
     assert rows[0].endswith(" - |")  # a metric ncu did not give
 
 
