@@ -16,6 +16,7 @@ from .device import DeviceInfo
 from .prefetch import prefetch_allowed
 from .stages import kind_of
 from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES, cluster_allowed, launch_allowed, persistent_allowed
+from .tiling import whole_groups
 from .workloads import Chain
 
 
@@ -39,7 +40,7 @@ def tiles_for(chain: Chain, split: tuple[int, int] = (1, 1), mma: str = "sync", 
     gemms = [st for st in chain.stages if st.kind != "attention"]
     bn = 64 if min(st.n for st in gemms) <= 64 else 128  # no wider than the narrowest stage needs
     if mma == "wgmma_tma_t":  # rows are the instruction's N: as few as M needs, in 8s, up to 64
-        out = [StageTiles(min(64, -(-m // 8) * 8), bn, 64, 1, bn // 64, 4, s, mma) for s in splits]
+        out = [StageTiles(min(64, whole_groups(m)), bn, 64, 1, bn // 64, 4, s, mma) for s in splits]
     elif mma != "sync":
         wm = 1 if m <= 64 else 2
         out = [StageTiles(64 * wm, bn, 64, wm, 1, 4, s, mma) for s in splits]

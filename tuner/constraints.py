@@ -15,7 +15,8 @@ from .device import DeviceInfo
 from .prefetch import prefetch_allowed
 from .stages import kind_of
 from .sync import POLICIES, cluster_allowed, launch_allowed, pair_env, persistent_allowed
-from .tiling import CONSUMER_REGS, TILE_SWITCHES, WG_OVERHEAD_REGS, WGMMA_MAX_N, even_share, may_persist, next_pow2, tail_split
+from .tiling import (CONSUMER_REGS, TILE_SWITCHES, WG_OVERHEAD_REGS, WGMMA_MAX_N, even_share, may_persist, next_pow2,
+                     tail_split, whole_groups)
 from .workloads import Chain
 
 HW_MAX_THREADS = 1024  # threads per block on every CUDA architecture the templates target
@@ -111,7 +112,7 @@ def tile_height(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
     """A tile taller than M rounded up to a power of two (to 8 rows for a transposed tile) only
     computes padding (wgmma's least is 64 rows, transposed 8)."""
     t, m = g.tiles, g.stage.m
-    cap = max(8, -(-m // 8) * 8) if t.transposed else max(64 if t.warpgroup else 16, next_pow2(m))
+    cap = max(8, whole_groups(m)) if t.transposed else max(64 if t.warpgroup else 16, next_pow2(m))
     if g.tiles.bm > cap:
         return f"BM={g.tiles.bm} is taller than needed for M={g.stage.m} (at most {cap})"
     return None

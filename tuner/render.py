@@ -19,7 +19,7 @@ from .device import DeviceInfo
 from .config import Config, StageGrid, StageTiles
 from .expr import Expr
 from .tiling import (CONSUMER_REGS, PRODUCER_REGS, SPLIT_BEGIN, TAIL, TAIL_GAINS, TAIL_PARTS, TAIL_SPLIT,
-                     whole_clusters)
+                     whole_clusters, whole_groups)
 from .epilogues import get_epilogue
 from .stages import kind_of
 from .paths import templates_dir
@@ -201,7 +201,7 @@ _TAIL_C = dict(tail=TAIL.c, parts=TAIL_PARTS.c, split=TAIL_SPLIT.c, gains=TAIL_G
 def a_rows(m: int, bm: int) -> int:
     """Rows of A a TMA stage requests: the tile's, or M rounded up to whole 8-row swizzle groups
     when the matrix is shorter (a box reaching far past the edge costs time for nothing)."""
-    return min(bm, -(-m // 8) * 8)
+    return min(bm, whole_groups(m))
 
 
 def copy_parts(rows: int, blocks: int) -> int:

@@ -61,7 +61,7 @@ def fitted_heights(m: int, parts: Iterable[int], listed: Iterable[int] = ()) -> 
     listed = tuple(listed)
     out: list[int] = []
     for j in parts:
-        h = cdiv(cdiv(m, j), 8) * 8
+        h = whole_groups(cdiv(m, j))
         matched = any(cdiv(m, g) <= j and cdiv(m, g) * g <= j * h for g in listed)
         if h <= WGMMA_MAX_N and h not in out and not matched:
             out.append(h)
@@ -99,6 +99,12 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def whole_groups(rows: int) -> int:
+    """``rows`` rounded up to whole 8-row groups: the rows of a swizzle atom, and the step of a
+    transposed tile's rows (wgmma's N)."""
+    return cdiv(rows, 8) * 8
+
+
 def refitted(t: "StageTiles", m_from: int, m_to: int) -> "StageTiles":
     """``t``, picked at ``m_from`` rows, cutting ``m_to`` rows into as many tiles of whole 8-row
     groups where its height may be any such multiple (a transposed tile, up to
@@ -106,7 +112,7 @@ def refitted(t: "StageTiles", m_from: int, m_to: int) -> "StageTiles":
     208, the height that size's ``bm_fit`` holds, where 200 rows would leave a second tile of 8."""
     if not t.transposed or m_from == m_to:
         return t
-    h = cdiv(cdiv(m_to, cdiv(m_from, t.bm)), 8) * 8
+    h = whole_groups(cdiv(m_to, cdiv(m_from, t.bm)))
     return replace(t, bm=h) if h <= WGMMA_MAX_N else t
 
 
