@@ -20,49 +20,30 @@ set -uo pipefail
 out=$1 recording=$2 label=$3 ranks=$4 lib_label=$5 variant=$6 launches=${7:-5}
 mkdir -p "$out"
 here=$(dirname "${BASH_SOURCE[0]}")
-metrics=gpu__time_duration.sum,sm__cycles_elapsed.max,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
-metrics+=,lts__t_sectors.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_requests_srcunit_tex.sum
-metrics+=,lts__t_sectors_srcunit_ltcfabric.sum,dram__bytes_read.sum
-# What the SMs receive from TMA loads (all; those multicast to the cluster), and the multicast read
-# requests with those replayed for each further block they reach: how the L2's counts see a multicast.
-metrics+=,l1tex__m_xbar2l1tex_read_bytes_mem_global_op_tma_ld.sum
-metrics+=,l1tex__m_xbar2l1tex_read_bytes_mem_global_op_tma_ld_dest_multicast.sum
-metrics+=,l1tex__m_l1tex2xbar_read_requests_mem_global_op_tma_ld_dest_multicast.sum
-metrics+=,l1tex__m_l1tex2xbar_read_requests_replayed_mem_global_op_tma_ld_dest_multicast.sum
-runs=$((launches + 15))  # the calls profile_*.py make: enough for the skipped and the profiled launches
-profile() {  # who, kernel regex, command...
-    local who=$1 kernels=$2
-    shift 2
-    ncu --clock-control base --metrics "$metrics" -k "regex:$kernels" --launch-skip 10 --launch-count "$launches" \
-        --csv --print-units base "$@" > "$out/ncu_$who.csv" 2> "$out/ncu_$who.err" \
-        || { echo "$who: ncu failed, see $out/ncu_$who.err" >&2; return 1; }
-}
-sources=()
-for rank in ${ranks//,/ }; do
-    profile "rank$rank" stage python3 "$here/profile_config.py" "$recording" --label "$label" --rank "$rank" \
-        --runs "$runs" || exit 1
-    sources+=("rank$rank")
-done
-profile library "${LIBRARY_KERNELS:-nvjet|gemm|xmma}" python3 "$here/profile_library.py" "$lib_label" \
-    --variant "$variant" --runs "$runs" || exit 1
-sources+=(library)
-python3 - "$out" "${sources[@]}" <<'EOF'
+# The table: what each column reads (ncu's metric), its heading and its scale from ncu's base unit
+# (ns, cycles, %, sectors, requests, bytes). ncu is asked for exactly these metrics.
+table=$(cat <<'EOF'
 import csv
 import sys
 from pathlib import Path
 from statistics import median
 
-out, sources = Path(sys.argv[1]), sys.argv[2:]
-# (metric, heading, scale from ncu's base unit: ns, cycles, %, sectors, bytes)
 columns = [("gpu__time_duration.sum", "µs", 1e-3), ("sm__cycles_elapsed.max", "cycles", 1),
            ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "tensor %", 1),
            ("lts__t_sectors.sum", "L2 sectors M", 1e-6), ("lts__t_sectors_srcunit_tex_op_read.sum", "SM reads M", 1e-6),
            ("lts__t_requests_srcunit_tex.sum", "SM requests M", 1e-6),
            ("lts__t_sectors_srcunit_ltcfabric.sum", "across halves M", 1e-6), ("dram__bytes_read.sum", "DRAM read MB", 1e-6),
+           # What the SMs receive from TMA loads (all; those multicast to the cluster), and the multicast
+           # read requests with those replayed for each further block they reach: how the L2's counts
+           # see a multicast.
            ("l1tex__m_xbar2l1tex_read_bytes_mem_global_op_tma_ld.sum", "TMA in MB", 1e-6),
            ("l1tex__m_xbar2l1tex_read_bytes_mem_global_op_tma_ld_dest_multicast.sum", "multicast in MB", 1e-6),
            ("l1tex__m_l1tex2xbar_read_requests_mem_global_op_tma_ld_dest_multicast.sum", "multicast requests M", 1e-6),
            ("l1tex__m_l1tex2xbar_read_requests_replayed_mem_global_op_tma_ld_dest_multicast.sum", "replayed M", 1e-6)]
+if sys.argv[1] == "--metrics":
+    print(",".join(c[0] for c in columns))
+    sys.exit()
+out, sources = Path(sys.argv[1]), sys.argv[2:]
 print("| source | kernel | launches | " + " | ".join(c[1] for c in columns) + " |")
 print("| --- | --- | ---: | " + " | ".join("---:" for _ in columns) + " |")
 for who in sources:
@@ -81,3 +62,23 @@ for who in sources:
     launches = len({r["ID"] for r in rows})
     print(f"| {who} | `{kernel}` | {launches} | " + " | ".join(cells) + " |")
 EOF
+)
+metrics=$(python3 -c "$table" --metrics)
+runs=$((launches + 15))  # the calls profile_*.py make: enough for the skipped and the profiled launches
+profile() {  # who, kernel regex, command...
+    local who=$1 kernels=$2
+    shift 2
+    ncu --clock-control base --metrics "$metrics" -k "regex:$kernels" --launch-skip 10 --launch-count "$launches" \
+        --csv --print-units base "$@" > "$out/ncu_$who.csv" 2> "$out/ncu_$who.err" \
+        || { echo "$who: ncu failed, see $out/ncu_$who.err" >&2; return 1; }
+}
+sources=()
+for rank in ${ranks//,/ }; do
+    profile "rank$rank" stage python3 "$here/profile_config.py" "$recording" --label "$label" --rank "$rank" \
+        --runs "$runs" || exit 1
+    sources+=("rank$rank")
+done
+profile library "${LIBRARY_KERNELS:-nvjet|gemm|xmma}" python3 "$here/profile_library.py" "$lib_label" \
+    --variant "$variant" --runs "$runs" || exit 1
+sources+=(library)
+python3 -c "$table" "$out" "${sources[@]}"

@@ -421,6 +421,9 @@ done
     assert len(made) == 3 and all("--clock-control base" in c and "--print-units base" in c for c in made)
     assert "--rank 1 " in made[0] and "--rank 6 " in made[1] and "regex:nvjet|gemm|xmma" in made[2]
     assert all("--launch-count 3" in c for c in made)
+    # ncu is asked for what the table reads, the TMA receive counters among them
+    assert all("--metrics gpu__time_duration.sum,sm__cycles_elapsed.max," in c and
+               "tma_ld_dest_multicast.sum " in c for c in made)
     rows = [ln for ln in done.stdout.splitlines() if ln.startswith("| rank") or ln.startswith("| library")]
     assert [r.split(" | ")[0] for r in rows] == ["| rank1", "| rank6", "| library"]
     assert rows[0].split(" | ")[1:5] == ["`stage0_kernel`", "3", "441.0", "621,000"]
