@@ -11,8 +11,8 @@
 # Groups (default: all built-in ones, in this order): gpt3-1-64-128 gpt3-256 gpt3-512 gpt3-2048
 # llama-1-64 llama-320 llama-1024. Shapes of other models (no recording holds them; run only when
 # named): gpt3-h4096-f16384-200 (GPT-J-6B), llama-h4096-f11008-200 (Llama-2-7B) and
-# llama-h5120-f13824-200 (Llama-2-13B), at 200 tokens, and llama-h4096-f11008-600 (Llama-2-7B at
-# 600 tokens). A group of one mid or large size also times
+# llama-h5120-f13824-200 (Llama-2-13B), at 200 tokens, and llama-h4096-f11008-600 and
+# llama-h4096-f11008-1100 (Llama-2-7B at 600 and 1100 tokens). A group of one mid or large size also times
 # each GEMM alone against cuBLAS (--stages). With COMPARE=DIR, a group whose DIR/<group>.bench.json exists re-times that run's
 # picks in the final rounds (--compare). Writes OUTDIR/<group>.{bench.json,measurements.json,log,db}
 # and OUTDIR/report/ (tables and plots); prints each group's table.
@@ -36,8 +36,9 @@ for g in "${groups[@]}"; do
         llama-h4096-f11008-200) args=(llama --hidden 4096 --ffn 11008 --tokens 200 --trials 200 --stages) ;;
         llama-h5120-f13824-200) args=(llama --hidden 5120 --ffn 13824 --tokens 200 --trials 200 --stages) ;;
         llama-h4096-f11008-600) args=(llama --hidden 4096 --ffn 11008 --tokens 600 --trials 200 --stages) ;;
+        llama-h4096-f11008-1100) args=(llama --hidden 4096 --ffn 11008 --tokens 1100 --trials 200 --stages) ;;
         *) echo "unknown group $g; accepted: gpt3-1-64-128 gpt3-256 gpt3-512 gpt3-2048 llama-1-64 llama-320" \
-               "llama-1024 gpt3-h4096-f16384-200 llama-h4096-f11008-200 llama-h5120-f13824-200 llama-h4096-f11008-600" >&2
+               "llama-1024 gpt3-h4096-f16384-200 llama-h4096-f11008-200 llama-h5120-f13824-200 llama-h4096-f11008-600 llama-h4096-f11008-1100" >&2
            exit 2 ;;
     esac
     if [ -n "${COMPARE:-}" ] && [ -f "$COMPARE/$g.bench.json" ]; then

@@ -116,7 +116,8 @@ def test_a_last_wave_split_along_k_compiles_without_spills(tmp_path):
 def test_tiles_of_fitted_heights_compile_without_spills(tmp_path):
     """The heights that bm_fit derives are no listed value, so a seeded sample at the sizes above
     may miss them: the measured picks at 200 and 600 tokens (one tile of 200 rows, two of 104 in
-    clusters, three of 200 persistent, four of 152), and the least ones (three of 72, four of 56)."""
+    clusters, three of 200 persistent, four of 152), the least ones (three of 72, four of 56, five of
+    40) and the most rows (five of 224 persistent at 1100 tokens, six of 184)."""
     from tuner.config import Config, StageTiles
 
     def t(bm, stages, split_k=1, cm=1, persist=0):
@@ -124,10 +125,12 @@ def test_tiles_of_fitted_heights_compile_without_spills(tmp_path):
 
     at_200 = WORKLOADS["llama"].chain(tokens=200, hidden=5120, ffn=13824)
     at_600 = WORKLOADS["llama"].chain(tokens=600, hidden=4096, ffn=11008)
+    at_1100 = WORKLOADS["llama"].chain(tokens=1100, hidden=4096, ffn=11008)
     pairs = [(at_200, (t(200, 5), t(200, 5, 3))), (at_200, (t(104, 7, cm=2), t(104, 7, 2, cm=2))),
-             (at_200, (t(72, 4), t(56, 4, 2))), (at_600, (t(200, 4, persist=1), t(152, 6)))]
+             (at_200, (t(72, 4), t(56, 4, 2))), (at_200, (t(40, 6), t(40, 6, 2))),
+             (at_600, (t(200, 4, persist=1), t(152, 6))), (at_1100, (t(224, 4, persist=1), t(184, 5)))]
     space = load_space(home() / "search_spaces" / "llama.toml")
-    feasible = {c.label: space.feasible(c, H200) for c in (at_200, at_600)}
+    feasible = {c.label: space.feasible(c, H200) for c in (at_200, at_600, at_1100)}
     cfgs = []
     for chain, tiles in pairs:
         fs = feasible[chain.label]

@@ -510,6 +510,7 @@ def test_a_fitted_height_that_a_listed_one_matches_is_left_out():
     assert fitted_heights(256, (1, 2, 3, 4), listed) == ()  # 88 x 3 computes more than 128 x 2
     assert fitted_heights(200, (1, 2, 3, 4), listed) == (200, 104, 72, 56)
     assert fitted_heights(1000, (4,), listed) == ()  # 250 rounds up to 256
+    assert fitted_heights(1100, range(1, 9), listed) == (224, 184)  # 256 computes 1280 rows, 144 x 8 more than 160 x 7
 
 
 def test_bm_fit_is_per_stage_and_an_empty_list_turns_it_off(tmp_path):
