@@ -173,6 +173,7 @@ def test_a_gemm_chain_times_both_stages():
 
 
 def test_the_ring_one_slot_shorter_and_longer_than_the_fastest_probed_tilings_is_timed_next():
+    """And the same bytes in flight in chunks half and twice as deep."""
     from tuner.strategies.staged import RING_TOP
 
     st = staged(256, budget=100)
@@ -184,7 +185,18 @@ def test_the_ring_one_slot_shorter_and_longer_than_the_fastest_probed_tilings_is
     for j in range(2):
         for t in fastest[j]:
             near = [u for d in (-1, 1) if (u := replace(t, stages=t.stages + d)) in st.allowed[j]]
-            assert near and all((j, u) in more or u in probed[j] for u in near)
+            same_bytes = [u for u in (replace(t, bk=t.bk // 2, stages=t.stages * 2),
+                                      replace(t, bk=t.bk * 2, stages=t.stages // 2)) if u in st.allowed[j]]
+            assert near and all((j, u) in more or u in probed[j] for u in near + same_bytes)
+
+
+def test_the_ring_variants_keep_the_bytes_in_flight_in_chunks_half_and_twice_as_deep():
+    """Four chunks of 128 hold what eight of 64 do: a stage pass that timed the first times the
+    second, which neither a depth nor a chunk change alone reaches."""
+    from tuner.strategies.staged import ring_variants
+
+    t = StageTiles(72, 128, 128, 1, 2, 4, 1, "wgmma_tma_t")
+    assert {(u.bk, u.stages) for u in ring_variants(t)} == {(128, 3), (128, 5), (64, 8), (256, 2)}
 
 
 def test_right_after_the_fastest_pairing_the_chain_pass_swaps_in_each_near_instruction_under_its_best_sync():

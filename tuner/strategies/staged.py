@@ -52,7 +52,7 @@ PROBE_SHAPES = 24  # per stage, shared among its MMA instructions: a fourth inst
 # transposed TMA tile) took the stage pass past its share, and the chain pass of llama at 320
 # tokens got 13 of 100 trials
 PER_SHAPE = 2  # pipeline/split variants per tile shape, the model's best
-RING_TOP = 2  # fastest probed tilings per stage whose ring one slot shorter and longer is timed
+RING_TOP = 2  # fastest probed tilings per stage whose ring variants (ring_variants) are timed
 # too: the model ranks neighbouring depths within a hair of each other, and at gpt3 256 and 2048
 # tokens it had two variants of the best shape timed that both missed the faster depth
 LIVE_KIND = 1.10  # an instruction whose probe's best is within this of the best probe gets more shapes
@@ -75,6 +75,17 @@ def _plain(t: StageTiles) -> bool:
     """Without a cluster or persistent blocks: what the probe times first, and what every sync
     choice takes (clusters and persistent blocks rule out ticket dispatch and the fused launch)."""
     return t.cluster == 1 and not t.persistent
+
+
+def ring_variants(t: StageTiles) -> list[StageTiles]:
+    """The rings timed beside one of a stage's fastest probed tilings: one slot shorter and one
+    longer, and the same bytes in flight in chunks half and twice as deep. The probe's variants
+    of a shape differ in depth or chunk, rarely in both: Llama-2-13B's down projection at 200
+    tokens (72x128 transposed tiles) took 63.0 µs with a ring of four 128-deep chunks, 59.1 with
+    eight of 64 (one run on an H100, results page), which neither field alone reaches (five
+    chunks of 128 do not fit, four of 64 hold half as much)."""
+    return [replace(t, stages=t.stages - 1), replace(t, stages=t.stages + 1),
+            replace(t, bk=t.bk // 2, stages=t.stages * 2), replace(t, bk=t.bk * 2, stages=t.stages // 2)]
 
 
 def preferred_order(policy: str) -> str:
@@ -172,8 +183,8 @@ class Staged(Strategy):
             variants: dict[tuple, int] = {}
             for t in self.alone[j]:
                 variants[_shape(t)] = variants.get(_shape(t), 0) + 1
-            more = [u for t in self.fastest(j, RING_TOP) for d in (-1, 1)
-                    if (u := replace(t, stages=t.stages + d)) in self.allowed[j] and u not in self.alone[j]]
+            more = list(dict.fromkeys(u for t in self.fastest(j, RING_TOP) for u in ring_variants(t)
+                                      if u in self.allowed[j] and u not in self.alone[j]))
             for g in self.ranked[j]:
                 t = g.tiles
                 if len(more) >= room - CLUSTER_TOP * len(CLUSTERS) - 2 * PERSIST_TOP:
