@@ -231,6 +231,28 @@ def test_a_tile_too_large_for_the_even_share_moves_registers_from_its_producer_w
     assert not any(t.realloc for _ in range(200) for t in fs.sample(rng, fused).tiles)
 
 
+def test_three_mma_warpgroups_of_a_transposed_tile_share_what_their_producer_warpgroup_gives_up():
+    """192 weight rows by 184 tokens: 92 accumulators a thread, past the 128 that a producer warp
+    beside three warpgroups leaves. The producer warpgroup keeps 40 and the three take 152 each
+    (40 * 128 + 152 * 384 within the register file); only the transposed tile gets three."""
+    from tuner.constraints import Limits, stage_problem
+    from tuner.tiling import PRODUCER_REGS, REGISTERS, StageGrid, consumer_regs
+
+    chain = get_workload("llama").chain(tokens=1100, hidden=4096, ffn=11008)
+    wide = StageTiles(184, 192, 64, 1, 3, 4, 1, "wgmma_tma_t")
+    assert wide.realloc and wide.threads == 512 and wide.consumer_regs == consumer_regs(3) == 152
+    assert PRODUCER_REGS * 128 + 152 * 384 <= REGISTERS < PRODUCER_REGS * 128 + 160 * 384
+    dev = DeviceInfo("NVIDIA H200")
+    assert StageGrid(chain.stages[1], wide).nt == 22  # 4096 weight rows: 21 whole tiles and one of 64
+    assert stage_problem(StageGrid(chain.stages[1], wide), Limits(), dev) is None
+    too_wide = StageTiles(200, 192, 64, 1, 3, 4, 1, "wgmma_tma_t")  # 100 accumulators
+    assert stage_problem(StageGrid(chain.stages[1], too_wide), Limits(), dev)[0] == "accumulators"
+    plain = StageTiles(64, 192, 64, 1, 3, 4, 1, "wgmma_tma")
+    assert stage_problem(StageGrid(chain.stages[1], plain), Limits(), dev)[0] == "warp_tile"
+    src = render(chain, Config((wide, wide), "stream", "col", "block", "serial")).source
+    assert f"TileTMAT<184, 192, 64, 1, 3, 4, 184, 1, 1, 1, 1, {PRODUCER_REGS}, 152>" in src
+
+
 def test_a_ticket_tile_that_moves_registers_waits_out_its_mainloop_in_shared_memory():
     """Held in a register across the change of register counts, a ticket's tile spilled (4 bytes,
     llama-attn at 1000 tokens, 256x128 T1x2 k16); a block index is read again for nothing."""

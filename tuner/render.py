@@ -18,7 +18,7 @@ import jinja2
 from .device import DeviceInfo
 from .config import Config, StageGrid, StageTiles
 from .expr import Expr
-from .tiling import (CONSUMER_REGS, PRODUCER_REGS, SPLIT_BEGIN, TAIL, TAIL_GAINS, TAIL_PARTS, TAIL_SPLIT,
+from .tiling import (PRODUCER_REGS, SPLIT_BEGIN, TAIL, TAIL_GAINS, TAIL_PARTS, TAIL_SPLIT,
                      whole_clusters, whole_groups)
 from .epilogues import get_epilogue
 from .stages import kind_of
@@ -245,7 +245,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
                      BM=tl.bm, BN=tl.bn, BK=tl.bk, WM=tl.wm, WN=tl.wn, STAGES=tl.stages, MMA=tl.mma, CLUSTER=tl.cluster,
                      TMA=tl.tma, TRANSPOSED=tl.transposed, T_PITCH=tl.transposed_pitch, REALLOC=tl.realloc,
                      PERSIST=tl.persistent, SLICE_ROWS=tl.slice_rows if tl.persistent else tl.bm,
-                     PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, **_after_mainloop(tl),
+                     PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=tl.consumer_regs, **_after_mainloop(tl),
                      A_ROWS=a_rows(st.m, tl.bm), OW=tl.bn // st.fold, epi=get_epilogue(st.epilogue),
                      a_arg=kind_of(st).a_arg(st),
                      order_m=order.m.c, order_n=order.n.c, order_s=order.s.c,

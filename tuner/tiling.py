@@ -42,10 +42,22 @@ TILE_OMITTED_AT_DEFAULT = ("persist",)
 
 REGISTERS = 65536  # per SM, and per block at one block per SM
 WG_OVERHEAD_REGS = 56  # registers a warpgroup kernel needs besides its accumulators (ptxas reports 26-52)
-# Register reallocation (setmaxnreg) in a TMA-fed block of two MMA warpgroups: its producer is a
-# whole warpgroup that gives its registers up, and the MMA warpgroups take them. The three counts
-# balance: 40 + 2 * 232 = 3 * 168, the even share of 384 threads that the kernel starts with.
-PRODUCER_REGS, CONSUMER_REGS = 40, 232
+# Register reallocation (setmaxnreg) in a TMA-fed block of two or three MMA warpgroups: its
+# producer is a whole warpgroup that gives its registers up to PRODUCER_REGS, and the MMA
+# warpgroups take what that leaves (consumer_regs).
+PRODUCER_REGS = 40
+REALLOC_GROUPS = (2, 3)  # MMA warpgroups of a block that may reallocate
+
+
+def consumer_regs(groups: int) -> int:
+    """Registers an MMA thread takes in a block of ``groups`` MMA warpgroups that reallocates: the
+    register file less the producer warpgroup's :data:`PRODUCER_REGS`, shared out in steps of 8
+    (232 for two: 40 + 2 * 232 = 3 * 168, the even share of 384 threads the kernel starts with;
+    152 for three)."""
+    return min(256, (REGISTERS - PRODUCER_REGS * 128) // (128 * groups) // 8 * 8)
+
+
+CONSUMER_REGS = consumer_regs(2)
 WGMMA_MAX_N = 256  # wgmma's widest N: a transposed tile's rows, a warpgroup's columns (multiples of 8)
 
 
@@ -197,11 +209,18 @@ class StageTiles:
     @property
     def realloc(self) -> bool:
         """Whether the block moves registers from its producer to its MMA warpgroups (setmaxnreg): a
-        TMA-fed tile of two warpgroups whose accumulators do not fit the even share beside a producer
-        warp (128x256 does not: 128 accumulators past 168). Its producer is then a whole warpgroup,
-        which leaves the tile after its copies, and the MMA warpgroups get :data:`CONSUMER_REGS`."""
-        return (self.tma and self.wm * self.wn == 2
-                and self.acc_regs + WG_OVERHEAD_REGS > even_share(2 * 128 + 32))
+        TMA-fed tile of two or three warpgroups whose accumulators do not fit the even share beside a
+        producer warp (128x256 does not: 128 accumulators past 168; nor a transposed tile of 192
+        weight rows and 184 tokens in three: 92 past 128). Its producer is then a whole warpgroup,
+        which leaves the tile after its copies, and the MMA warpgroups get :attr:`consumer_regs`."""
+        groups = self.wm * self.wn
+        return (self.tma and groups in REALLOC_GROUPS
+                and self.acc_regs + WG_OVERHEAD_REGS > even_share(groups * 128 + 32))
+
+    @property
+    def consumer_regs(self) -> int:
+        """Registers an MMA thread takes where the block reallocates (:func:`consumer_regs`)."""
+        return consumer_regs(self.wm * self.wn)
 
     @property
     def warps(self) -> int:
