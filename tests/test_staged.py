@@ -226,3 +226,21 @@ def test_right_after_the_fastest_pairing_the_chain_pass_swaps_in_each_near_instr
         usable = [p.config.globals for p in served if st.ctx.usable(Config(c.tiles, *p.config.globals))]
         assert c.globals in usable[:2]
     assert all(p.phase == "chain pass" for p in swaps)
+
+
+def test_refinement_offers_a_parents_ring_in_chunks_half_and_twice_as_deep():
+    """Two fields at once (bk and stages) are no tiling one field away, yet the same bytes in flight."""
+    from tuner.strategies.staged import ring_variants
+
+    st = staged(256, budget=100)
+    while (batch := st.propose(400)) and batch[0].phase == "stage pass":
+        st.observe(Outcome(p, 10.0 + i) for i, p in enumerate(batch))
+    parent = batch[0].config
+    children = set(st._neighbours(parent))
+    offered = 0
+    for j, t in enumerate(parent.tiles):
+        for u in ring_variants(t)[2:]:
+            if u in st.allowed[j]:
+                assert Config(parent.tiles[:j] + (u,) + parent.tiles[j + 1:], *parent.globals) in children
+                offered += 1
+    assert offered

@@ -23,7 +23,8 @@
    many of the first's. Then the fastest pairing in the other tile orders, where the rule of
    thumb may be wrong.
 3. **Refinement.** A neighbourhood search around the best chains measured: one stage's
-   tiling swapped for another fast one or for a tiling one field away, or another sync
+   tiling swapped for another fast one, for a tiling one field away or for its ring in chunks
+   half or twice as deep (:func:`ring_variants`), or another sync
    choice; candidates ranked by the parent's time corrected by the stage times measured
    alone. Where no neighbour of the best chains is left untried, a batch of TPE over the
    joint space (told every chain measured) explores further, and the neighbourhood of
@@ -289,7 +290,8 @@ class Staged(Strategy):
             swaps = self.fastest(j, SWAP_TOP)
             near = [g.tiles for g in self.grids[j]
                     if sum(getattr(g.tiles, f) != getattr(t, f) for f in TILE_FIELDS) == 1]
-            for u in [*swaps, *near]:
+            rings = [u for u in ring_variants(t) if u in self.allowed[j]]
+            for u in dict.fromkeys([*swaps, *near, *rings]):
                 if u != t:
                     yield Config(parent.tiles[:j] + (u,) + parent.tiles[j + 1:], *parent.globals)
         for combo in self.ctx.feasible.combos:
