@@ -117,8 +117,9 @@ def test_tiles_of_fitted_heights_compile_without_spills(tmp_path):
     """The heights that bm_fit derives are no listed value, so a seeded sample at the sizes above
     may miss them: the measured picks at 200 and 600 tokens (one tile of 200 rows, two of 104 in
     clusters, three of 200 persistent, four of 152), the least ones (three of 72, four of 56, five of
-    40) and the most rows (five of 224 persistent at 1100 tokens, six of 184), and six of 184 by
-    192 weight rows in three MMA warpgroups, which no shipped space holds."""
+    40) and the most rows (five of 224 persistent at 1100 tokens, six of 184), and tiles of three MMA
+    warpgroups, which no shipped space holds: six of 184 by 192 weight rows, and 192x192 (six by 22
+    at 1100 tokens, cuBLAS's tiling there) and 192x128."""
     from tuner.config import Config, StageTiles
 
     def t(bm, stages, split_k=1, cm=1, persist=0):
@@ -127,16 +128,21 @@ def test_tiles_of_fitted_heights_compile_without_spills(tmp_path):
     def t3(bm, stages, persist=0):  # 192 weight rows in three MMA warpgroups (opt-in: wn = 3, max_threads = 512)
         return StageTiles(bm, 192, 64, 1, 3, stages, 1, "wgmma_tma_t", 1, 1, persist)
 
+    def w3(bn, stages, persist=0, cn=1):  # 192 rows in three MMA warpgroups (opt-in: bm = 192, wm = 3)
+        return StageTiles(192, bn, 64, 3, 1, stages, 1, "wgmma_tma", 1, cn, persist)
+
     at_200 = WORKLOADS["llama"].chain(tokens=200, hidden=5120, ffn=13824)
     at_600 = WORKLOADS["llama"].chain(tokens=600, hidden=4096, ffn=11008)
     at_1100 = WORKLOADS["llama"].chain(tokens=1100, hidden=4096, ffn=11008)
     pairs = [(at_200, (t(200, 5), t(200, 5, 3))), (at_200, (t(104, 7, cm=2), t(104, 7, 2, cm=2))),
              (at_200, (t(72, 4), t(56, 4, 2))), (at_200, (t(40, 6), t(40, 6, 2))),
              (at_600, (t(200, 4, persist=1), t(152, 6))), (at_1100, (t(224, 4, persist=1), t(184, 5))),
-             (at_1100, (t3(184, 3, persist=1), t3(184, 4)))]
+             (at_1100, (t3(184, 3, persist=1), t3(184, 4))), (at_1100, (w3(192, 3, persist=1), w3(192, 4, cn=2))),
+             (at_1100, (w3(128, 5), w3(192, 4)))]
     shipped = (home() / "search_spaces" / "llama.toml").read_text()
-    opt_in = shipped.replace("wn = [1, 2, 4]", "wn = [1, 2, 3, 4]").replace("max_threads = 384", "max_threads = 512")
-    assert opt_in.count("3, 4]") == 1 and "max_threads = 512" in opt_in
+    opt_in = (shipped.replace("wn = [1, 2, 4]", "wn = [1, 2, 3, 4]").replace("wm = [1, 2, 4]", "wm = [1, 2, 3, 4]")
+              .replace("128, 160, 256]", "128, 160, 192, 256]").replace("max_threads = 384", "max_threads = 512"))
+    assert opt_in.count("3, 4]") == 2 and "192, 256]" in opt_in and "max_threads = 512" in opt_in
     spaces = {}
     for name, text in (("shipped", shipped), ("opt-in", opt_in)):
         (tmp_path / f"{name}.toml").write_text(text)
@@ -144,7 +150,7 @@ def test_tiles_of_fitted_heights_compile_without_spills(tmp_path):
         spaces.update({(name, c.label): space.feasible(c, H200) for c in (at_200, at_600, at_1100)})
     cfgs = []
     for chain, tiles in pairs:
-        fs = spaces["opt-in" if any(x.wn == 3 for x in tiles) else "shipped", chain.label]
+        fs = spaces["opt-in" if any(3 in (x.wm, x.wn) for x in tiles) else "shipped", chain.label]
         cfg = Config(tiles, "stream", "col", "block", "pdl")
         assert fs.contains(cfg) is None, (chain.label, cfg.short(), fs.contains(cfg))
         cfgs.append((chain, cfg))

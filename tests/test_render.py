@@ -231,10 +231,11 @@ def test_a_tile_too_large_for_the_even_share_moves_registers_from_its_producer_w
     assert not any(t.realloc for _ in range(200) for t in fs.sample(rng, fused).tiles)
 
 
-def test_three_mma_warpgroups_of_a_transposed_tile_share_what_their_producer_warpgroup_gives_up():
-    """192 weight rows by 184 tokens: 92 accumulators a thread, past the 128 that a producer warp
-    beside three warpgroups leaves. The producer warpgroup keeps 40 and the three take 152 each
-    (40 * 128 + 152 * 384 within the register file); only the transposed tile gets three."""
+def test_three_mma_warpgroups_share_what_their_producer_warpgroup_gives_up():
+    """192 weight rows by 184 tokens (transposed), or 192x192: 92 or 96 accumulators a thread, past
+    the 128 that a producer warp beside three warpgroups leaves. The producer warpgroup keeps 40
+    and the three take 152 each (40 * 128 + 152 * 384 within the register file); only TMA-fed
+    tiles get three."""
     from tuner.constraints import Limits, stage_problem
     from tuner.tiling import PRODUCER_REGS, REGISTERS, StageGrid, consumer_regs
 
@@ -247,10 +248,14 @@ def test_three_mma_warpgroups_of_a_transposed_tile_share_what_their_producer_war
     assert stage_problem(StageGrid(chain.stages[1], wide), Limits(), dev) is None
     too_wide = StageTiles(200, 192, 64, 1, 3, 4, 1, "wgmma_tma_t")  # 100 accumulators
     assert stage_problem(StageGrid(chain.stages[1], too_wide), Limits(), dev)[0] == "accumulators"
-    plain = StageTiles(64, 192, 64, 1, 3, 4, 1, "wgmma_tma")
-    assert stage_problem(StageGrid(chain.stages[1], plain), Limits(), dev)[0] == "warp_tile"
-    src = render(chain, Config((wide, wide), "stream", "col", "block", "serial")).source
+    copied = StageTiles(192, 192, 64, 3, 1, 4, 1, "wgmma")  # cp.async-fed: no producer to give registers
+    assert stage_problem(StageGrid(chain.stages[1], copied), Limits(), dev)[0] == "warp_tile"
+    square = StageTiles(192, 192, 64, 3, 1, 4, 1, "wgmma_tma")
+    assert square.realloc and StageGrid(chain.stages[1], square).blocks == 132  # 6 x 22: one wave
+    assert stage_problem(StageGrid(chain.stages[1], square), Limits(), dev) is None
+    src = render(chain, Config((wide, square), "stream", "col", "block", "serial")).source
     assert f"TileTMAT<184, 192, 64, 1, 3, 4, 184, 1, 1, 1, 1, {PRODUCER_REGS}, 152>" in src
+    assert f"TileTMA<192, 192, 64, 3, 1, 4, 192, 1, 1, 1, 1, {PRODUCER_REGS}, 152>" in src
 
 
 def test_a_ticket_tile_that_moves_registers_waits_out_its_mainloop_in_shared_memory():

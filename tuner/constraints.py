@@ -15,7 +15,7 @@ from .device import DeviceInfo
 from .prefetch import prefetch_allowed
 from .stages import kind_of
 from .sync import POLICIES, cluster_allowed, launch_allowed, pair_env, persistent_allowed
-from .tiling import (TILE_SWITCHES, WG_OVERHEAD_REGS, WGMMA_MAX_N, even_share, may_persist, next_pow2,
+from .tiling import (TILE_SWITCHES, TMA_MMAS, WG_OVERHEAD_REGS, WGMMA_MAX_N, even_share, may_persist, next_pow2,
                      tail_split, whole_groups)
 from .workloads import Chain
 
@@ -41,13 +41,14 @@ def warp_tile(g: StageGrid, lim: Limits, dev: DeviceInfo) -> str | None:
     and a multiple of 8 columns up to 256, over whole 64-wide swizzle atoms of K, with a ring of
     at least three slots (one stays under the MMAs in flight). Transposed (``wgmma_tma_t``): each
     warpgroup computes 64 columns and all BM rows, a multiple of 8 up to 256, and the epilogue
-    parks the fp32 tile in the ring. A grid of three warps or warpgroups (no power of two) is built
-    for the transposed tile alone: 192 weight rows in three MMA warpgroups, their producer a whole
-    warpgroup that hands them its registers (:attr:`StageTiles.realloc`)."""
+    parks the fp32 tile in the ring. A grid of three warpgroups (no power of two) is built for the
+    TMA-fed tiles alone (192 rows, or a transposed tile's 192 weight rows, in three MMA
+    warpgroups, their producer a whole warpgroup that hands them its registers:
+    :attr:`StageTiles.realloc`)."""
     t = g.tiles
     groups = t.wm * t.wn
-    if groups & (groups - 1) and t.mma != "wgmma_tma_t":
-        return f"a {t.wm}x{t.wn} warp grid (not a power of two) is built for the transposed TMA tile (wgmma_tma_t) alone"
+    if groups & (groups - 1) and t.mma not in TMA_MMAS:
+        return f"a {t.wm}x{t.wn} warp grid (not a power of two) is built for the TMA-fed tiles alone"
     if t.warpgroup:
         if dev.arch not in WGMMA_ARCHS:
             return f"wgmma needs a Hopper GPU ({' or '.join(WGMMA_ARCHS)}), not {dev.arch}"
