@@ -351,3 +351,23 @@ def test_two_study_processes_on_one_sqlite_study_measure_the_budget_once(fast_di
     assert len(measured) == 30, "the two workers together measure exactly the budget"
     assert per_config.most_common(1)[0][1] == 1, "a config was measured twice"
     assert not [t for t in trials if t.state == TrialState.RUNNING]
+
+
+def test_the_worker_process_times_final_rounds_under_the_load_asked_for(url):
+    """study --sustained reaches the child's time_rounds across the process boundary; without it the
+    child is asked for rounds after idle, as before."""
+    from chaos_backend import synthetic_us
+    from tuner.config import Config
+
+    backend = WorkerBackend("chaos_backend:RoundsBackend", deadline_s=DEADLINE_S)
+    try:
+        out = run_study(CHAIN, SPACE, backend, url, strategy="random", seed=0, trials=6, sustained_s=1.5)
+        finals = [t for t in optuna.load_study(study_name=study_name(CHAIN, DEVICE_NAME), storage=url).get_trials()
+                  if t.user_attrs.get("phase") == "finalists"]
+        cfg = Config.from_dict(finals[0].user_attrs["config"])
+        idle = backend.time_rounds(CHAIN, [cfg], 2)
+    finally:
+        backend.close()
+    assert finals and all(t.user_attrs["sustained_s"] == 1.5 for t in finals)
+    assert all(t.value == round(synthetic_us(Config.from_dict(t.user_attrs["config"])) + 1.5, 3) for t in finals)
+    assert out.summary.final_sustained_s == 1.5 and idle == {cfg: [synthetic_us(cfg)] * 2}

@@ -454,3 +454,55 @@ def test_the_history_counts_stages_alone_and_stops_at_the_first_chain_within_rea
     best = min(v for v in history if v is not None)
     assert history[trials_to_within(history, best, 1.0) - 1] == best
     assert trials_to_within(history, best / 2, 1.0) == 31
+
+
+class RoundsBackend(FakeBackend):
+    """Times final rounds too: after idle, each config as measured; under sustained load, the configs
+    of an odd digest 30% slower (as a kernel that draws more power runs at a lower clock)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rounds: list[tuple[int, float]] = []
+
+    def time_rounds(self, chain, configs, rounds, heat_s=0.0):
+        self.rounds.append((len(configs), heat_s))
+        out = {}
+        for c in configs:
+            t = 50.0 + _digest(c) % 1000 / 10
+            out[c] = [t * (1.3 if heat_s and _digest(c) % 2 else 1.0)] * rounds
+        return out
+
+
+def test_final_rounds_give_the_best_and_a_rerun_under_sustained_load_times_them_again(storage):
+    """The finalists' medians give the study's best; a rerun with the same finalists adds nothing,
+    one under sustained load times them again (GpuBackend.time_rounds' heat_s), and those rounds
+    give the best from then on; under the same load again, nothing."""
+    from tuner.study import describe
+
+    idle = RoundsBackend()
+    out = run_study(CHAIN, SMALL, idle, storage, strategy="random", trials=12, check=no_col_order)
+    assert [h for _, h in idle.rounds] == [0.0] and out.summary.final_best is not None
+    assert out.summary.final_sustained_s == 0.0 and "sustained" not in describe(out)
+    finals = [t for t in trials_of(storage) if t.user_attrs.get("phase") == "finalists"]
+    assert finals and all("sustained_s" not in t.user_attrs for t in finals)
+    idle_best = out.summary.best.value
+
+    again = RoundsBackend()
+    run_study(CHAIN, SMALL, again, storage, strategy="random", trials=12, check=no_col_order)
+    assert again.rounds == [] and again.calls == []
+
+    hot = RoundsBackend()
+    out = run_study(CHAIN, SMALL, hot, storage, strategy="random", trials=12, check=no_col_order, sustained_s=2.0)
+    assert hot.calls == [] and [h for _, h in hot.rounds] == [2.0]
+    assert out.summary.final_sustained_s == 2.0 and "under 2 s of sustained load" in describe(out)
+    heated = [t for t in trials_of(storage) if t.user_attrs.get("sustained_s") == 2.0]
+    assert len(heated) == hot.rounds[0][0] and out.summary.best.value == min(t.value for t in heated)
+    assert out.summary.best.value >= idle_best
+    from tuner.export import collect
+
+    (row,) = collect(storage, "gpt3")
+    assert row["best"]["median_us"] == out.summary.best.value and row["best"]["sustained_s"] == 2.0
+
+    still = RoundsBackend()
+    run_study(CHAIN, SMALL, still, storage, strategy="random", trials=12, check=no_col_order, sustained_s=2.0)
+    assert still.rounds == []

@@ -49,7 +49,7 @@ def _positive_int(text: str) -> int:
 
 
 def sustained_argument(p: argparse.ArgumentParser, what: str) -> None:
-    """``--sustained SECONDS`` (GpuBackend.time_rounds' ``heat_s``), for bench and benchmarks/template_ab.py."""
+    """``--sustained SECONDS`` (GpuBackend.time_rounds' ``heat_s``), for study, bench and benchmarks/template_ab.py."""
     p.add_argument("--sustained", type=_positive_float, metavar="SECONDS",
                    help=f"{what} right after about SECONDS of its own back-to-back runs instead of after idle: "
                         "the clock the power cap leaves under sustained load, where a kernel that draws more "
@@ -184,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on a GPU: time every config as CUDA graph replays (the kernels number their runs on the "
                         "device), as a caller that captures the chain runs it; for chains of a few short kernels, "
                         "where launches are much of the time. Its studies are kept apart (names end in /graphs)")
+    sustained_argument(p, "on a GPU: in the final rounds, whose medians give the study's best, time each finalist")
     p.add_argument("--plant-fault", type=_fault, action="append", metavar="N:KIND", default=[],
                    help="testing the isolation on a GPU: plant a fault in the N-th measured trial; "
                         "KIND is one of illegal_address, hang, missing_post")
@@ -301,6 +302,10 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
         backend.close()
         raise UsageError("--graphs times CUDA graph replays on a GPU, and none is in use; accepted without a GPU: "
                          "the study without --graphs (a replay answers as its recording was timed)")
+    if args.sustained and backend.replayed:
+        backend.close()
+        raise UsageError("--sustained times the final rounds under load on a GPU, and none is in use; accepted "
+                         "without a GPU: the study without --sustained (a replay runs no final rounds)")
     try:
         tag = figure_tag(backend)
         if getattr(backend, "synthetic", False):
@@ -327,6 +332,7 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
             warm = picked_configs(warm_file, chain.label) if warm_file is not None else []
             outcome = run_study(chain, space, backend, args.storage, strategy=strategy, seed=seed, trials=trials,
                                 timeout=timeout, progress=True, warm=warm, transfer=not args.no_transfer, log=print,
+                                sustained_s=args.sustained or 0.0,
                                 **({} if args.claim_grace is None else {"claim_grace_s": args.claim_grace}))
             print(describe(outcome, tag))
             if outcome.interrupted:
@@ -432,7 +438,9 @@ def _cmd_show(args: argparse.Namespace, argv: list[str]) -> int:
         measured_fails = {**r["failures"], "constraint": r["failures"]["constraint"] - r["refused"]}
         fails = ", ".join(f"{k} {v}" for k, v in measured_fails.items() if v) or "-"
         table.append((",".join(f"{k}={v}" for k, v in r["size"].items()), r["device"],
-                      _fmt_us(r["best"] and r["best"]["median_us"], tag), _fmt_us(r["baseline_us"], tag),
+                      _fmt_us(r["best"] and r["best"]["median_us"], tag)
+                      + (f" (under {r['best']['sustained_s']:g} s of load)" if r["best"] and r["best"]["sustained_s"] else ""),
+                      _fmt_us(r["baseline_us"], tag),
                       "-" if r["speedup"] is None else f"{r['speedup']:.2f}x{tag}",
                       str(r["trials"]) + (f" + {r['stage_trials']} alone" if r["stage_trials"] else ""), fails,
                       str(r["refused"]), r["best"]["short"] if r["best"] else "-"))

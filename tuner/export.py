@@ -62,6 +62,8 @@ def collect(storage: str, workload: str) -> list[dict[str, Any]]:
                 "short": _short(best),
                 "median_us": best.value,
                 "error": best.user_attrs.get("error"),
+                # The seconds of its own runs each final timing followed (study --sustained); 0: after idle.
+                "sustained_s": float(best.user_attrs.get("sustained_s", 0.0)),
             },
             "baseline_us": summ.baseline_us,
             "speedup": summ.speedup,

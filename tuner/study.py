@@ -223,14 +223,16 @@ def _stage_domains(fs: FeasibleSet, j: int) -> dict[str, list]:
 def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, *, strategy: str = DEFAULT_STRATEGY,
               seed: int = 0, trials: int | None = None, timeout: float | None = None, check: Checker | None = None,
               progress: bool = False, warm: Sequence[Config] = (), transfer: bool = True, final: bool = True,
-              log: Callable[[str], Any] | None = None, claim_grace_s: float = CLAIM_GRACE_S) -> StudyOutcome:
+              log: Callable[[str], Any] | None = None, claim_grace_s: float = CLAIM_GRACE_S,
+              sustained_s: float = 0.0) -> StudyOutcome:
     """Tune ``chain`` until its studies hold ``trials`` measured trials, time runs out or the strategy is done.
 
     ``check`` is the sync-protocol checker (default: :func:`tuner.checker.check`). ``warm`` are
     configs known to be good (a bench's picks), measured first where the space holds them;
     with ``transfer`` the best configs of the nearest sizes in the storage join them. With
     ``final`` and a measuring backend, the fastest few of each kind are timed again in
-    interleaved rounds, whose medians give the study's best. Ctrl-C ends the run cleanly:
+    interleaved rounds, whose medians give the study's best (with ``sustained_s``, each timing
+    right after that many seconds of the config's own runs, not after idle). Ctrl-C ends the run cleanly:
     what was measured is stored and the outcome says ``stop == "interrupted"``.
 
     Several workers may run the same study on one storage: each config and each of the
@@ -494,7 +496,7 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
         store.close()
     try:
         if final and not outcome.interrupted and hasattr(backend, "time_rounds") and not backend.replayed:
-            _final_rounds(book, backend, chain, outcome, log, board)
+            _final_rounds(book, backend, chain, outcome, log, board, sustained_s)
     except KeyboardInterrupt:
         outcome.stop = "interrupted"
     finally:
@@ -548,21 +550,26 @@ def finalists(timed: Sequence[tuple[float, Config]], per_kind: int = FINAL_PER_K
 
 
 def _final_rounds(book: TrialBook, backend: Backend, chain: Chain, outcome: StudyOutcome,
-                  log: Callable[[str], Any] | None, board: ClaimBoard) -> None:
-    """Time the finalists again in interleaved rounds after idle and store each one's median of rounds.
+                  log: Callable[[str], Any] | None, board: ClaimBoard, sustained_s: float = 0.0) -> None:
+    """Time the finalists again in interleaved rounds after idle (with ``sustained_s``, each timing
+    right after that many seconds of the same config's own runs) and store each one's median of rounds.
 
     Picking the fastest of many noisy timings favours the lucky, and sustained load lowers the
-    clock, so the study's best is a finalist's median, all timed at the same clock. A rerun
-    with the same finalists adds nothing.
+    clock, so the study's best is a finalist's median, all timed at the same clock: after idle, or
+    at the clock the power cap leaves under each config's own load, where one that draws more
+    power runs slower. A rerun with the same finalists and load adds nothing; under another load
+    it times them again, and those rounds give the study's best.
     """
     timed = [(us, c) for c, (us, _) in book.known.items() if us is not None]
     contestants = finalists(timed)
     set_id = outcome.summary.measured
-    if not contestants or all((c, set_id) in book.finals for c in contestants):
+    if not contestants or all((c, set_id, sustained_s) in book.finals for c in contestants):
         return
-    if not board.take(f"finals/{book.scope}", str(set_id)):
+    key = str(set_id) if not sustained_s else f"{set_id}@{sustained_s:g}s"
+    if not board.take(f"finals/{book.scope}", key):
         return  # another worker times this set
-    rounds = backend.time_rounds(chain, contestants, FINAL_ROUNDS)
+    rounds = (backend.time_rounds(chain, contestants, FINAL_ROUNDS, heat_s=sustained_s) if sustained_s
+              else backend.time_rounds(chain, contestants, FINAL_ROUNDS))
     if not rounds:
         if log is not None:
             log(f"{chain.label}: no final rounds: the backend gave no timing (the best is a single timing)")
@@ -574,11 +581,12 @@ def _final_rounds(book: TrialBook, backend: Backend, chain: Chain, outcome: Stud
                 log(f"{chain.label}: final rounds leave out {c.short()}: {got or 'no timing'}")
             continue
         value = round(median(got), 3)
+        heat = {"sustained_s": sustained_s} if sustained_s else {}
         book.record(c, value, {"config": c.to_dict(), "phase": FINALISTS, "final_set": set_id, "rounds_us": got,
-                               "measured": False, "tuner_version": __version__, "backend": backend.name})
-        book.finals.add((c, set_id))
+                               "measured": False, "tuner_version": __version__, "backend": backend.name, **heat})
+        book.finals.add((c, set_id, sustained_s))
         outcome.finalists[c.short()] = value
-    board.done(f"finals/{book.scope}", str(set_id))
+    board.done(f"finals/{book.scope}", key)
 
 
 @contextlib.contextmanager
@@ -648,7 +656,8 @@ def describe(outcome: StudyOutcome, tag: str = "") -> str:
     if s.best is None:
         parts.append("no successful trial yet")
     else:
-        how = "median of the final rounds" if s.final_best is not None else "a single timing"
+        how = ("a single timing" if s.final_best is None else "median of the final rounds" if not s.final_sustained_s
+               else f"median of the final rounds under {s.final_sustained_s:g} s of sustained load")
         parts.append(f"best {s.best_us:.2f} us{tag}, {how}")
         if s.baseline_us is not None:
             parts.append(f"stream baseline {s.baseline_us:.2f} us{tag}, speedup {s.speedup:.2f}x{tag}")

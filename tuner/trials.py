@@ -63,6 +63,11 @@ def is_final(trial: Any) -> bool:
     return trial.user_attrs.get("phase") == FINALISTS
 
 
+def final_heat(trial: Any) -> float:
+    """A finalist's sustained load: the seconds of its own runs each of its timings followed (0: idle)."""
+    return float(trial.user_attrs.get("sustained_s", 0.0))
+
+
 @dataclass
 class TrialSummary:
     """What a study's trials add up to."""
@@ -75,6 +80,7 @@ class TrialSummary:
     final_best: Any = None  # the fastest finalist of the latest final rounds
     final_baseline: Any = None
     final_set: int = -1
+    final_sustained_s: float = 0.0  # the latest final rounds' sustained load (0: after idle)
 
     @property
     def best(self) -> Any:
@@ -106,9 +112,11 @@ class TrialSummary:
         if is_final(trial):
             if trial.state != TrialState.COMPLETE:
                 return
-            n = int(attrs.get("final_set", 0))
-            if n > self.final_set:
-                self.final_set, self.final_best, self.final_baseline = n, None, None
+            n, heat = int(attrs.get("final_set", 0)), final_heat(trial)
+            # A later set: after more trials, or the same trials timed again under another load (in
+            # trial order, the later rounds supersede).
+            if n > self.final_set or (n == self.final_set and heat != self.final_sustained_s):
+                self.final_set, self.final_sustained_s, self.final_best, self.final_baseline = n, heat, None, None
             if n == self.final_set:
                 if self.final_best is None or trial.value < self.final_best.value:
                     self.final_best = trial
@@ -180,7 +188,7 @@ class TrialBook:
         self._scope: str | None = None
         self.dists = {k: CategoricalDistribution(v) for k, v in domains.items()}
         self.known: dict[Config, tuple[float | None, str | None]] = {}
-        self.finals: set[tuple[Config | None, Any]] = set()
+        self.finals: set[tuple[Config | None, Any, float]] = set()  # (config, final set, sustained load)
         self.summary = TrialSummary()
         self._seen: set[int] = set()
         trials = self.study.get_trials(deepcopy=False)
@@ -198,7 +206,7 @@ class TrialBook:
             if decided(t) and (c := trial_config(t, self.n_stages)) is not None:
                 self.known[c] = (t.value, t.user_attrs.get("reason"))
             if is_final(t):
-                self.finals.add((trial_config(t, self.n_stages), t.user_attrs.get("final_set")))
+                self.finals.add((trial_config(t, self.n_stages), t.user_attrs.get("final_set"), final_heat(t)))
 
     @property
     def scope(self) -> str:

@@ -48,9 +48,9 @@ def _serve(conn, factory: str, kwargs: dict[str, Any]) -> None:
             backend.close()
             return
         if msg[0] == "rounds":
-            _, chain, configs, rounds = msg
+            _, chain, configs, rounds, heat_s = msg
             try:
-                conn.send(("done", backend.time_rounds(chain, configs, rounds)))
+                conn.send(("done", backend.time_rounds(chain, configs, rounds, **({"heat_s": heat_s} if heat_s else {}))))
             except Exception as exc:
                 conn.send(("crash", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
                 _exit_poisoned(conn)
@@ -146,8 +146,10 @@ class WorkerBackend(Backend):
 
         return compile_ahead(targets, self.device_info().arch, self.kwargs.get("cache_dir"), device_epoch=self.graphs)
 
-    def time_rounds(self, chain: Chain, configs: Sequence[Config], rounds: int) -> dict[Config, list[float] | str]:
-        """The child's interleaved final rounds (see GpuBackend.time_rounds); {} if it cannot answer."""
+    def time_rounds(self, chain: Chain, configs: Sequence[Config], rounds: int,
+                    heat_s: float = 0.0) -> dict[Config, list[float] | str]:
+        """The child's interleaved final rounds (see GpuBackend.time_rounds, and its ``heat_s``); {} if
+        it cannot answer."""
         if not hasattr(_load(self.factory), "time_rounds"):
             return {}
         if self._proc is None or not self._proc.is_alive():
@@ -155,8 +157,8 @@ class WorkerBackend(Backend):
             self._start()
         assert self._conn is not None
         try:
-            self._conn.send(("rounds", chain, list(configs), rounds))
-            wait = self.deadline_s * (1 + len(configs)) + rounds * len(configs) * 2
+            self._conn.send(("rounds", chain, list(configs), rounds, heat_s))
+            wait = self.deadline_s * (1 + len(configs)) + rounds * len(configs) * (2 + 1.5 * heat_s)
             reply = self._conn.recv() if self._conn.poll(wait) else None
         except (EOFError, OSError, BrokenPipeError):
             reply = None
