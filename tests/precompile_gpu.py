@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tqdm import tqdm  # noqa: E402
 
 import test_gpu as cases  # noqa: E402
-from tuner.cases import clustered, coverage, persistent, reallocated  # noqa: E402
+from tuner.cases import clustered, coverage, persistent, reallocated, three_warpgroups  # noqa: E402
 from tuner.compile import compile_many, target_arch  # noqa: E402
 from tuner.render import render  # noqa: E402
 from tuner.workloads import get_workload  # noqa: E402
@@ -39,6 +39,9 @@ def sources() -> dict[str, str]:
     rendered += [render(odd, c, device_epoch=True) for mma in cases.MMAS for c in coverage(odd, mma)]
     for workload, size in cases.REALLOC_CASES:
         rendered += [render(chain(workload, size), c) for c in reallocated(chain(workload, size))]
+        rendered += [render(chain(workload, size), c) for c in three_warpgroups(chain(workload, size))]
+        rendered += [render(chain(workload, size), c, sms=8) for c in three_warpgroups(chain(workload, size), sms=8)
+                     if any(t.persist for t in c.tiles)]
         rendered += [render(chain(workload, size), c, device_epoch=graphs, sms=blocks) for graphs in (False, True)
                      for blocks, cfgs in cases.persistent_grids(chain(workload, size)) for c in cfgs]
     graphed = chain("gpt3", dict(tokens=64))  # a backend timing graphs

@@ -9,7 +9,7 @@ import pytest
 
 from tuner import compile as tc
 from tuner.backends.base import DeviceInfo
-from tuner.cases import clustered, combos, coverage, persistent, reallocated
+from tuner.cases import clustered, combos, coverage, persistent, reallocated, three_warpgroups
 from tuner.checker import check
 from tuner.paths import home
 from tuner.render import render
@@ -50,9 +50,10 @@ def variants(per_size: int, seed: int = 0):
 
 
 def compile_all(pairs, tmp_path):
+    """Compile each (chain, config) pair, or (chain, config, sms) rendered for a device of that many SMs."""
     sources = {}
-    for chain, cfg in pairs:
-        r = render(chain, cfg)
+    for chain, cfg, *sms in pairs:
+        r = render(chain, cfg, **({"sms": sms[0]} if sms else {}))
         sources.setdefault(r.hash, (chain, cfg, r))
     start = time.perf_counter()
     results = dict(tc.compile_many(((h, r.source) for h, (_, _, r) in sources.items()), tc.target_arch("sm_90"),
@@ -111,6 +112,24 @@ def test_a_last_wave_split_along_k_compiles_without_spills(tmp_path):
     sources, results, _ = compile_all([(chain, c) for c in cfgs], tmp_path)
     bad = problems(sources, results)
     assert not bad, "\n".join(bad)
+
+
+def test_tiles_of_three_mma_warpgroups_compile_without_spills_under_every_combination(tmp_path):
+    """What the GPU test of these opt-in tiles runs (tests/test_gpu.py), compiled: 192x192 and the
+    transposed 184x192 on 152 registers a thread after setmaxnreg, 192x128 beside a producer warp,
+    with split-K, clusters and persistent blocks."""
+    pairs = []
+    for workload, size in (("gpt3", {"tokens": 1000, "hidden": 1032, "ffn": 776}),
+                           ("llama", {"tokens": 1000, "hidden": 1032, "ffn": 776})):
+        chain = WORKLOADS[workload].chain(**size)
+        plain = three_warpgroups(chain)
+        looping = [c for c in three_warpgroups(chain, sms=8) if any(t.persist for t in c.tiles)]
+        assert plain and looping and all(check(chain, c, sms=8) is None for c in looping)
+        pairs += [(chain, c) for c in plain]
+        pairs += [(chain, c, 8) for c in looping]
+    sources, results, _ = compile_all(pairs, tmp_path)
+    bad = problems(sources, results)
+    assert not bad, "\n".join(bad[:20])
 
 
 def test_tiles_of_fitted_heights_compile_without_spills(tmp_path):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.cases import clustered, combos, coverage, persistent, reallocated
+from tuner.cases import clustered, combos, coverage, persistent, reallocated, three_warpgroups
 from tuner.workloads import get_workload
 
 pytestmark = pytest.mark.gpu
@@ -123,6 +123,27 @@ def test_persistent_blocks_looping_over_tiles_are_correct(workload, size, graphs
         try:
             failures = failures_of(b, chain, cfgs)
             assert not failures, f"{blocks} blocks:\n" + "\n".join(failures)
+        finally:
+            b.close()
+
+
+@pytest.mark.parametrize("workload,size", REALLOC_CASES,
+                         ids=lambda s: s if isinstance(s, str) else ",".join(f"{k}={v}" for k, v in s.items()))
+def test_tiles_of_three_mma_warpgroups_are_correct(workload, size):
+    """Opt-in tiles (no shipped space holds them): 192x192 and a transposed tile of 192 weight rows
+    taking their producer warpgroup's registers, and 192x128 beside a producer warp, under every
+    combination but the fused launch; then persistent on 8 blocks."""
+    from tuner.backends.gpu import GpuBackend
+
+    chain = get_workload(workload).chain(**size)
+    plain = three_warpgroups(chain)
+    looping = [c for c in three_warpgroups(chain, sms=8) if any(t.persist for t in c.tiles)]
+    assert plain and looping
+    for blocks, cfgs in ((None, plain), (8, looping)):
+        b = GpuBackend(warmup=1, reps=3, **({} if blocks is None else {"persistent_blocks": blocks}))
+        try:
+            failures = failures_of(b, chain, cfgs)
+            assert not failures, f"{blocks or 'one tile per'} blocks:\n" + "\n".join(failures)
         finally:
             b.close()
 

@@ -120,6 +120,49 @@ def reallocated(chain: Chain) -> list[Config]:
     return out
 
 
+def three_warpgroups(chain: Chain, sms: int = DeviceInfo.sms) -> list[Config]:
+    """Configs whose GEMM stages are TMA-fed tiles of three MMA warpgroups (opt-in, in no shipped
+    space: ``wm`` or ``wn`` 3, ``max_threads = 512``), under every combination but the fused launch,
+    cycling through 192x192 (which moves registers from its producer warpgroup), a transposed tile
+    of 192 weight rows and 184 rows (moves them too) and 192x128 (fits the even share beside a
+    producer warp), the first cycle position whose stages the chain's constraints accept (a folded
+    epilogue's stored columns must be whole chunks of the next stage's K), with split-K on every
+    third and, on every other combination that allows one where the tile grid divides, a cluster
+    of two; each also with persistent blocks where a stage has more tiles than ``sms``. Empty for
+    chains of other stage kinds or too small for such tiles."""
+    from .constraints import chain_problem  # noqa: PLC0415 - the constraints import this module's users
+
+    if any(st.kind != "gemm" for st in chain.stages) or chain.stages[0].m < 185 or min(
+            st.n for st in chain.stages) < 193:
+        return []
+    dev = DeviceInfo("cases", sms=sms)
+    shapes = (StageTiles(192, 192, 64, 3, 1, 4, 1, "wgmma_tma"), StageTiles(184, 192, 64, 1, 3, 4, 1, "wgmma_tma_t"),
+              StageTiles(192, 128, 64, 3, 1, 5, 1, "wgmma_tma"))
+
+    def fits(tiles: list[StageTiles], combo: tuple[str, ...]) -> bool:
+        return (all(stage_problem(StageGrid(st, u), Limits(), dev) is None for st, u in zip(chain.stages, tiles))
+                and chain_problem(Config(tuple(tiles), *combo), chain, dev) is None)
+
+    out: list[Config] = []
+    clustered = 0
+    for i, combo in enumerate(c for c in combos() if c[3] != "fused"):
+        split = 2 if i % 3 == 1 else 1
+        cycle = ([replace(shapes[(i + r + j) % 3], split_k=split) for j in range(len(chain.stages))] for r in range(3))
+        tiles = next((ts for ts in cycle if fits(ts, combo)), None)
+        if tiles is None:
+            continue
+        if cluster_allowed(combo[2], combo[3]) is None and (clustered := clustered + 1) % 2:
+            pairs = [replace(u, **({"cn": 2} if u.transposed else {"cm": 2})) for u in tiles]
+            tiles = [v if fits(tiles[:j] + [v] + tiles[j + 1:], combo) else u for j, (u, v) in enumerate(zip(tiles, pairs))]
+        out.append(Config(tuple(tiles), *combo))
+        if persistent_allowed(combo[2], combo[3], policy=combo[0]) is None:
+            steady = [replace(u, persist=1, split_k=1, stages=3) for u in tiles]
+            chosen = [v if fits(tiles[:j] + [v] + tiles[j + 1:], combo) else u for j, (u, v) in enumerate(zip(tiles, steady))]
+            if any(u.persist for u in chosen) and fits(chosen, combo):
+                out.append(Config(tuple(chosen), *combo))
+    return out
+
+
 def persistent(chain: Chain, sms: int) -> list[Config]:
     """TMA configs whose stages run persistent blocks on a device of ``sms`` SMs, each block looping
     over several tiles: under every policy and launch that allows them (the stream policy in serial
