@@ -473,7 +473,7 @@ class RoundsBackend(FakeBackend):
         return out
 
 
-def test_final_rounds_give_the_best_and_a_rerun_under_sustained_load_times_them_again(storage):
+def test_final_rounds_give_the_best_and_a_rerun_under_sustained_load_times_them_again(storage, capsys):
     """The finalists' medians give the study's best; a rerun with the same finalists adds nothing,
     one under sustained load times them again (GpuBackend.time_rounds' heat_s), and those rounds
     give the best from then on; under the same load again, nothing."""
@@ -502,6 +502,10 @@ def test_final_rounds_give_the_best_and_a_rerun_under_sustained_load_times_them_
 
     (row,) = collect(storage, "gpt3")
     assert row["best"]["median_us"] == out.summary.best.value and row["best"]["sustained_s"] == 2.0
+    from tuner.cli import main
+
+    main(["show", "gpt3", "--storage", storage])
+    assert f"{out.summary.best.value:.2f} us (under 2 s of load)" in capsys.readouterr().out
 
     still = RoundsBackend()
     run_study(CHAIN, SMALL, still, storage, strategy="random", trials=12, check=no_col_order, sustained_s=2.0)
