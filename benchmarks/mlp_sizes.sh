@@ -7,6 +7,7 @@
 #   e.g. benchmarks/mlp_sizes.sh out gpt3-256 gpt3-2048    # two groups (a device call's 10 minutes)
 #        COMPARE=studies/h100 benchmarks/mlp_sizes.sh out  # every group, earlier picks re-timed beside
 #        SUSTAINED=2 benchmarks/mlp_sizes.sh out gpt3-2048  # final rounds under sustained load (bench --sustained 2)
+#        SPACE=my.toml benchmarks/mlp_sizes.sh out llama-h4096-f11008-1100  # another search space (bench --space)
 #
 # Groups (default: all built-in ones, in this order): gpt3-1-64-128 gpt3-256 gpt3-512 gpt3-2048
 # llama-1-64 llama-320 llama-1024. Shapes of other models (no recording holds them; run only when
@@ -45,6 +46,7 @@ for g in "${groups[@]}"; do
         args+=(--compare "$COMPARE/$g.bench.json")
     fi
     [ -n "${SUSTAINED:-}" ] && args+=(--sustained "$SUSTAINED")
+    [ -n "${SPACE:-}" ] && args+=(--space "$SPACE")
     t0=$SECONDS
     python3 -m tuner bench "${args[@]}" --graphs --storage "sqlite:///$(realpath "$out")/$g.db" \
         --out "$out/$g.bench.json" > "$out/$g.log" 2>&1
