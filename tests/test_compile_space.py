@@ -114,6 +114,37 @@ def test_a_last_wave_split_along_k_compiles_without_spills(tmp_path):
     assert not bad, "\n".join(bad)
 
 
+def three_warpgroup_space(tmp_path):
+    """The shipped llama space opted in to tiles of three MMA warpgroups, as the README says:
+    ``wm`` and ``wn`` with 3, 192 in ``bm``, ``max_threads = 512``."""
+    shipped = (home() / "search_spaces" / "llama.toml").read_text()
+    opt_in = (shipped.replace("wn = [1, 2, 4]", "wn = [1, 2, 3, 4]").replace("wm = [1, 2, 4]", "wm = [1, 2, 3, 4]")
+              .replace("128, 160, 256]", "128, 160, 192, 256]").replace("max_threads = 384", "max_threads = 512"))
+    assert opt_in.count("3, 4]") == 2 and "192, 256]" in opt_in and "max_threads = 512" in opt_in
+    (tmp_path / "opt-in.toml").write_text(opt_in)
+    return load_space(tmp_path / "opt-in.toml")
+
+
+def test_a_sample_of_the_opt_in_three_warpgroup_tiles_compiles_without_spills(tmp_path):
+    """Beyond the hand-picked cases: seeded configs of the opted-in space with a stage of three
+    warpgroups (t1x3 and t3x1 of any width the space holds, transposed T1x3), at 1100 and 200 tokens."""
+    space = three_warpgroup_space(tmp_path)
+    rng = np.random.default_rng(1)
+    pairs = []
+    for tokens in (1100, 200):
+        chain = WORKLOADS["llama"].chain(tokens=tokens, hidden=4096, ffn=11008)
+        fs = space.feasible(chain, H200)
+        picked: list = []
+        while len(picked) < 30:
+            c = fs.sample(rng)
+            if any(t.wm * t.wn == 3 for t in c.tiles) and c not in picked and check(chain, c) is None:
+                picked.append(c)
+        pairs += [(chain, c) for c in picked]
+    sources, results, _ = compile_all(pairs, tmp_path / "cache")
+    bad = problems(sources, results)
+    assert not bad, "\n".join(bad[:20])
+
+
 def test_tiles_of_three_mma_warpgroups_compile_without_spills_under_every_combination(tmp_path):
     """What the GPU test of these opt-in tiles runs (tests/test_gpu.py), compiled: 192x192 and the
     transposed 184x192 on 152 registers a thread after setmaxnreg, 192x128 beside a producer warp,
@@ -158,14 +189,9 @@ def test_tiles_of_fitted_heights_compile_without_spills(tmp_path):
              (at_600, (t(200, 4, persist=1), t(152, 6))), (at_1100, (t(224, 4, persist=1), t(184, 5))),
              (at_1100, (t3(184, 3, persist=1), t3(184, 4))), (at_1100, (w3(192, 3, persist=1), w3(192, 4, cn=2))),
              (at_1100, (w3(128, 5), w3(192, 4)))]
-    shipped = (home() / "search_spaces" / "llama.toml").read_text()
-    opt_in = (shipped.replace("wn = [1, 2, 4]", "wn = [1, 2, 3, 4]").replace("wm = [1, 2, 4]", "wm = [1, 2, 3, 4]")
-              .replace("128, 160, 256]", "128, 160, 192, 256]").replace("max_threads = 384", "max_threads = 512"))
-    assert opt_in.count("3, 4]") == 2 and "192, 256]" in opt_in and "max_threads = 512" in opt_in
     spaces = {}
-    for name, text in (("shipped", shipped), ("opt-in", opt_in)):
-        (tmp_path / f"{name}.toml").write_text(text)
-        space = load_space(tmp_path / f"{name}.toml")
+    for name, space in (("shipped", load_space(home() / "search_spaces" / "llama.toml")),
+                        ("opt-in", three_warpgroup_space(tmp_path))):
         spaces.update({(name, c.label): space.feasible(c, H200) for c in (at_200, at_600, at_1100)})
     cfgs = []
     for chain, tiles in pairs:
