@@ -208,16 +208,16 @@ def test_a_tile_too_large_for_the_even_share_moves_registers_from_its_producer_w
     leaves after its copies, so the epilogue and the post sync the MMA warps alone."""
     from tuner.model import registers
     from tuner.space import load_space
-    from tuner.tiling import CONSUMER_REGS, PRODUCER_REGS, even_share
+    from tuner.tiling import PRODUCER_REGS, even_share
 
     chain = get_workload("gpt3").chain(tokens=1000, hidden=1032, ffn=776)
     big, usual = StageTiles(128, 256, 64, 2, 1, 4, 1, "wgmma_tma"), StageTiles(128, 192, 64, 2, 1, 5, 1, "wgmma_tma")
     assert big.realloc and not usual.realloc and (big.threads, usual.threads) == (384, 288)
-    assert PRODUCER_REGS * 128 + CONSUMER_REGS * 256 == even_share(384) * 384 == registers(big) * big.threads
+    assert PRODUCER_REGS * 128 + big.consumer_regs * 256 == even_share(384) * 384 == registers(big) * big.threads
     src = render(chain, Config((big, usual), "tile", "row", "block", "two_stream")).source
     tile0 = src.split("void stage0_tile(")[1].split("void stage1_tile(")[0]
     tile1 = src.split("void stage1_tile(")[1].split("_kernel(")[0]
-    assert f"TileTMA<128, 256, 64, 2, 1, 4, 128, 1, 1, 1, 1, {PRODUCER_REGS}, {CONSUMER_REGS}>" in src
+    assert f"TileTMA<128, 256, 64, 2, 1, 4, 128, 1, 1, 1, 1, {PRODUCER_REGS}, {big.consumer_regs}>" in src
     producer, consumer = tile0.split("tma_consume<T>(")
     assert "tma_produce<T" in producer and "return;" in producer
     assert "__syncthreads()" not in consumer and "tuner_bar_sync(T::MMA_THREADS);  // every thread's stores" in consumer

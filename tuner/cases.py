@@ -143,6 +143,10 @@ def three_warpgroups(chain: Chain, sms: int = DeviceInfo.sms) -> list[Config]:
         return (all(stage_problem(StageGrid(st, u), Limits(), dev) is None for st, u in zip(chain.stages, tiles))
                 and chain_problem(Config(tuple(tiles), *combo), chain, dev) is None)
 
+    def where_fits(tiles: list[StageTiles], wanted: list[StageTiles], combo: tuple[str, ...]) -> list[StageTiles]:
+        """Each stage's ``wanted`` tiling where the chain, the others as in ``tiles``, accepts it."""
+        return [v if fits(tiles[:j] + [v] + tiles[j + 1:], combo) else u for j, (u, v) in enumerate(zip(tiles, wanted))]
+
     out: list[Config] = []
     clustered = 0
     for i, combo in enumerate(c for c in combos() if c[3] != "fused"):
@@ -152,12 +156,10 @@ def three_warpgroups(chain: Chain, sms: int = DeviceInfo.sms) -> list[Config]:
         if tiles is None:
             continue
         if cluster_allowed(combo[2], combo[3]) is None and (clustered := clustered + 1) % 2:
-            pairs = [replace(u, **({"cn": 2} if u.transposed else {"cm": 2})) for u in tiles]
-            tiles = [v if fits(tiles[:j] + [v] + tiles[j + 1:], combo) else u for j, (u, v) in enumerate(zip(tiles, pairs))]
+            tiles = where_fits(tiles, [replace(u, **({"cn": 2} if u.transposed else {"cm": 2})) for u in tiles], combo)
         out.append(Config(tuple(tiles), *combo))
         if persistent_allowed(combo[2], combo[3], policy=combo[0]) is None:
-            steady = [replace(u, persist=1, split_k=1, stages=3) for u in tiles]
-            chosen = [v if fits(tiles[:j] + [v] + tiles[j + 1:], combo) else u for j, (u, v) in enumerate(zip(tiles, steady))]
+            chosen = where_fits(tiles, [replace(u, persist=1, split_k=1, stages=3) for u in tiles], combo)
             if any(u.persist for u in chosen) and fits(chosen, combo):
                 out.append(Config(tuple(chosen), *combo))
     return out

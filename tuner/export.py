@@ -17,6 +17,7 @@ from .backends.base import FAIL_REASONS
 from .config import GLOBAL_DEFAULTS, GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config
 from .store import check_exists, open_optuna_storage
 from .study import summarize
+from .trials import final_heat
 from .workloads import get_workload
 
 SCHEMA_VERSION = 1
@@ -63,7 +64,7 @@ def collect(storage: str, workload: str) -> list[dict[str, Any]]:
                 "median_us": best.value,
                 "error": best.user_attrs.get("error"),
                 # The seconds of its own runs each final timing followed (study --sustained); 0: after idle.
-                "sustained_s": float(best.user_attrs.get("sustained_s", 0.0)),
+                "sustained_s": final_heat(best),
             },
             "baseline_us": summ.baseline_us,
             "speedup": summ.speedup,

@@ -568,8 +568,7 @@ def _final_rounds(book: TrialBook, backend: Backend, chain: Chain, outcome: Stud
     key = str(set_id) if not sustained_s else f"{set_id}@{sustained_s:g}s"
     if not board.take(f"finals/{book.scope}", key):
         return  # another worker times this set
-    rounds = (backend.time_rounds(chain, contestants, FINAL_ROUNDS, heat_s=sustained_s) if sustained_s
-              else backend.time_rounds(chain, contestants, FINAL_ROUNDS))
+    rounds = backend.time_rounds(chain, contestants, FINAL_ROUNDS, heat_s=sustained_s)
     if not rounds:
         if log is not None:
             log(f"{chain.label}: no final rounds: the backend gave no timing (the best is a single timing)")

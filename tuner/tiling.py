@@ -57,7 +57,6 @@ def consumer_regs(groups: int) -> int:
     return min(256, (REGISTERS - PRODUCER_REGS * 128) // (128 * groups) // 8 * 8)
 
 
-CONSUMER_REGS = consumer_regs(2)
 WGMMA_MAX_N = 256  # wgmma's widest N: a transposed tile's rows, a warpgroup's columns (multiples of 8)
 
 
@@ -73,7 +72,7 @@ def fitted_heights(m: int, parts: Iterable[int], listed: Iterable[int] = ()) -> 
     listed = tuple(listed)
     out: list[int] = []
     for j in parts:
-        h = whole_groups(cdiv(m, j))
+        h = cut_height(m, j)
         matched = any(cdiv(m, g) <= j and cdiv(m, g) * g <= j * h for g in listed)
         if h <= WGMMA_MAX_N and h not in out and not matched:
             out.append(h)
@@ -117,6 +116,11 @@ def whole_groups(rows: int) -> int:
     return cdiv(rows, 8) * 8
 
 
+def cut_height(rows: int, tiles: int) -> int:
+    """The least height, in whole 8-row groups, that cuts ``rows`` into ``tiles`` tiles."""
+    return whole_groups(cdiv(rows, tiles))
+
+
 def refitted(t: "StageTiles", m_from: int, m_to: int) -> "StageTiles":
     """``t``, picked at ``m_from`` rows, cutting ``m_to`` rows into as many tiles of whole 8-row
     groups where its height may be any such multiple (a transposed tile, up to
@@ -124,7 +128,7 @@ def refitted(t: "StageTiles", m_from: int, m_to: int) -> "StageTiles":
     208, the height that size's ``bm_fit`` holds, where 200 rows would leave a second tile of 8."""
     if not t.transposed or m_from == m_to:
         return t
-    h = whole_groups(cdiv(m_to, cdiv(m_from, t.bm)))
+    h = cut_height(m_to, cdiv(m_from, t.bm))
     return replace(t, bm=h) if h <= WGMMA_MAX_N else t
 
 

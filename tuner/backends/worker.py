@@ -50,7 +50,7 @@ def _serve(conn, factory: str, kwargs: dict[str, Any]) -> None:
         if msg[0] == "rounds":
             _, chain, configs, rounds, heat_s = msg
             try:
-                conn.send(("done", backend.time_rounds(chain, configs, rounds, **({"heat_s": heat_s} if heat_s else {}))))
+                conn.send(("done", backend.time_rounds(chain, configs, rounds, heat_s=heat_s)))
             except Exception as exc:
                 conn.send(("crash", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
                 _exit_poisoned(conn)
