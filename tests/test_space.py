@@ -564,7 +564,10 @@ def test_the_readme_lists_the_shipped_search_space():
     shipped = tomllib.loads((home() / "search_spaces" / "gpt3.toml").read_text())
     assert tomllib.loads(block) == shipped
     llama = tomllib.loads((home() / "search_spaces" / "llama.toml").read_text())
-    assert llama["stage"] == shipped["stage"]  # "holds the same candidates"
+    # "holds the same candidates as gpt3's but for the transposed three-warpgroup tile"
+    assert {**llama["stage"], "wn": shipped["stage"]["wn"]} == shipped["stage"]
+    assert llama["stage"]["wn"] == [1, 2, 3, 4] and llama["limits"]["max_threads"] == 512
+    assert {**llama["limits"], "max_threads": 384} == shipped["limits"]
 
 
 @pytest.mark.parametrize("name, tokens", [("gpt3", 256), ("llama", 320)])

@@ -244,3 +244,18 @@ def test_refinement_offers_a_parents_ring_in_chunks_half_and_twice_as_deep():
                 assert Config(parent.tiles[:j] + (u,) + parent.tiles[j + 1:], *parent.globals) in children
                 offered += 1
     assert offered
+
+
+def test_a_small_budget_leaves_a_fifth_to_chains_and_probes_every_instruction():
+    """60 trials once went to stages alone, all of them: no chain was measured."""
+    st = staged(256, budget=60)
+    n = {"stage pass": 0, "chain pass": 0}
+    kinds = set()
+    while sum(n.values()) < 60 and (batch := st.propose(60 - sum(n.values()))):
+        for p in batch:
+            n[p.phase] = n.get(p.phase, 0) + 1
+            if p.stage is not None:
+                kinds.add((p.stage, p.tiles.mma))
+        st.observe(Outcome(p, 20.0 + i) for i, p in enumerate(batch))
+    assert n["stage pass"] <= 48 and n["chain pass"] >= 12
+    assert len(kinds) == 8  # four instructions in each of the two stages

@@ -11,7 +11,9 @@
    in thread-block clusters, then the fastest (clustered or not, and plain) again with
    persistent blocks (where the stage has more tiles than SMs), with and without the partial last
    wave split along K. A stage dominates the chain's time and its best tiling barely depends on
-   the sync choice, so this is where most of the budget goes.
+   the sync choice, so this is where most of the budget goes, though never the last
+   :data:`CHAIN_RESERVE` of it (a small budget cuts the probe, each instruction's best shapes
+   kept in turn, and the follow-ups).
 2. **Chain pass.** The fastest tilings of each stage, paired in the order of their summed
    stage times, under every policy and launch the space holds and the checker accepts, each in
    the tile order that suits its policy (:func:`preferred_order`). Right after the fastest
@@ -48,6 +50,8 @@ from .base import STAGE_ALONE, Outcome, Proposal, SearchContext, Strategy, openi
 
 STAGE_SHARE = 0.5  # of the budget, for the stage pass (all stages together)
 CHAIN_SHARE = 0.3  # for the chain pass; refinement gets the rest
+CHAIN_RESERVE = 0.2  # of the budget, never spent on the stage pass: the follow-ups below have
+# fixed sizes, and 60 trials of llama at 200 tokens all went to stages alone, leaving no chain
 PROBE = 8  # model-best shapes per MMA instruction in the probe, at most
 PROBE_SHAPES = 24  # per stage, shared among its MMA instructions: a fourth instruction (the
 # transposed TMA tile) took the stage pass past its share, and the chain pass of llama at 320
@@ -132,6 +136,7 @@ class Staged(Strategy):
         self.times: dict[Config, float | None] = {}
         self.stage_cap = max(PROBE, int(ctx.budget * STAGE_SHARE / len(self.timed)))
         self.chain_cap = max(1, int(ctx.budget * CHAIN_SHARE))
+        self.stage_limit = max(2, int(ctx.budget * (1 - CHAIN_RESERVE) / len(self.timed)))
         self.grids = [list(g) for g in ctx.stage_tilings]
         self.allowed = [{g.tiles for g in gs} for gs in self.grids]
         self.ranked = [sorted(gs, key=lambda g: (rank_seconds(g, ctx.device), _shape(g.tiles), g.tiles.stages,
@@ -153,6 +158,8 @@ class Staged(Strategy):
             if self.twin_of[j] != j:
                 continue  # its twin's times stand for it
             for t in tilings:
+                if len(self.alone[j]) >= self.stage_limit:
+                    break
                 if t not in self.alone[j] and t in self.allowed[j]:
                     self.alone[j][t] = None
                     out.append(Proposal(stage_config(t), "stage pass", stage=j, screen=True))
@@ -173,7 +180,9 @@ class Staged(Strategy):
                     shapes.add(_shape(t))
                     by_kind[t.mma].append(t)
             kinds.append(by_kind)
-            probe.append(prior[j] + [t for ts in by_kind.values() for t in ts])
+            # Instruction by instruction in turn, so that a small budget's cut keeps each one's best.
+            turns = itertools.zip_longest(*by_kind.values())
+            probe.append(prior[j] + [t for turn in turns for t in turn if t is not None])
         yield self._stage_batch(probe)
         rest = []
         for j in range(self.n):
