@@ -130,9 +130,10 @@ def test_persistent_blocks_looping_over_tiles_are_correct(workload, size, graphs
 @pytest.mark.parametrize("workload,size", REALLOC_CASES,
                          ids=lambda s: s if isinstance(s, str) else ",".join(f"{k}={v}" for k, v in s.items()))
 def test_tiles_of_three_mma_warpgroups_are_correct(workload, size):
-    """Opt-in tiles (no shipped space holds them): 192x192 and a transposed tile of 192 weight rows
-    taking their producer warpgroup's registers, and 192x128 beside a producer warp, under every
-    combination but the fused launch; then persistent on 8 blocks."""
+    """Tiles of three MMA warpgroups (llama's space holds the transposed one): 192x192 and a
+    transposed tile of 192 weight rows taking their producer warpgroup's registers, and 192x128
+    beside a producer warp, under every combination but the fused launch; then persistent on 8
+    blocks."""
     from tuner.backends.gpu import GpuBackend
 
     chain = get_workload(workload).chain(**size)
