@@ -258,7 +258,11 @@ class Runtime:
         if torch_in:
             import torch  # noqa: PLC0415
 
-            stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+            current = torch.cuda.current_stream()
+            if hasattr(cp.cuda.Stream, "from_external"):  # CuPy 14 deprecates ExternalStream
+                stream = cp.cuda.Stream.from_external(current)
+            else:
+                stream = cp.cuda.ExternalStream(current.cuda_stream)
         else:
             stream = cp.cuda.get_current_stream()
         with stream:
