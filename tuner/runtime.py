@@ -154,8 +154,6 @@ class TunedChain:
         cp.cuda.Device().synchronize()  # the zeroed state lands before the first run
 
     def _tensor_maps(self, buffers: dict[str, Any]) -> Any:
-        import cupy as cp  # noqa: PLC0415
-
         from .backends import tensormap  # noqa: PLC0415
         from .render import TensorMap  # noqa: PLC0415
 
