@@ -122,14 +122,14 @@ def reallocated(chain: Chain) -> list[Config]:
 
 def three_warpgroups(chain: Chain, sms: int = DeviceInfo.sms) -> list[Config]:
     """Configs whose GEMM stages are TMA-fed tiles of three MMA warpgroups (``wm`` or ``wn`` 3,
-    ``max_threads = 512``; llama's space holds the transposed one), under every combination but
-    the fused launch, cycling through 192x192 (which moves registers from its producer warpgroup), a transposed tile
-    of 192 weight rows and 184 rows (moves them too) and 192x128 (fits the even share beside a
-    producer warp), the first cycle position whose stages the chain's constraints accept (a folded
-    epilogue's stored columns must be whole chunks of the next stage's K), with split-K on every
-    third and, on every other combination that allows one where the tile grid divides, a cluster
-    of two; each also with persistent blocks where a stage has more tiles than ``sms``. Empty for
-    chains of other stage kinds or too small for such tiles."""
+    ``max_threads = 512``; llama's space holds the transposed one), under every combination but the
+    fused launch, cycling through 192x192 (which moves registers from its producer warpgroup), a
+    transposed tile of 192 weight rows and 184 rows (moves them too) and 192x128 (fits the even
+    share beside a producer warp), the first cycle position whose stages the chain's constraints
+    accept (a folded epilogue's stored columns must be whole chunks of the next stage's K), with
+    split-K on every third and, on every other combination that allows one where the tile grid
+    divides, a cluster of two; each also with persistent blocks where a stage has more tiles than
+    ``sms``. Empty for chains of other stage kinds or too small for such tiles."""
     from .constraints import chain_problem  # noqa: PLC0415 - the constraints import this module's users
 
     if any(st.kind != "gemm" for st in chain.stages) or chain.stages[0].m < 185 or min(
