@@ -59,7 +59,10 @@ def main() -> int:
               f"{'per HGMMA':>9}  " + " ".join(f"{op.split('.')[-1]:>6}" for op in SHOWN[1:]))
         runs = [(name, root, rec.config) for name, root in homes.items()]
         for change in args.also:
-            cfg = tile_variant(chain, rec.config, change, DeviceInfo("H200"))
+            notes: list[str] = []
+            cfg = tile_variant(chain, rec.config, change, DeviceInfo("H200"), notes)
+            for note in notes:
+                print(f"  --also {change}: {note}")
             if cfg is not None:
                 runs.append((f"{change}", homes["this checkout"], cfg))
         for name, root, cfg in runs:

@@ -78,11 +78,12 @@ def picked_configs(specs: list[list[str]]) -> list[Record]:
     return targets
 
 
-def tile_variant(chain, config, change: str, device) -> "Config | None":
+def tile_variant(chain, config, change: str, device, notes: list[str] | None = None) -> "Config | None":
     """``config`` with the fields of ``change`` (``FIELD=VALUE[,FIELD=VALUE ...]``, set together):
     tile fields in every stage that the search space's per-stage constraints accept them in, global
     ones (policy, launch...) for the chain; None if nothing changes, or the chain's constraints or
-    the sync checker refuse the result."""
+    the sync checker refuse the result. ``notes``, if given, gets one line per stage that keeps its
+    tiling and the reason for a None, so a refused change is not silently skipped."""
     from dataclasses import replace
 
     from tuner.checker import check
@@ -90,6 +91,7 @@ def tile_variant(chain, config, change: str, device) -> "Config | None":
     from tuner.constraints import Limits, chain_problem, stage_problem
     from tuner.tiling import StageGrid, tile_value
 
+    notes = [] if notes is None else notes
     fields, globals_ = {}, {}
     for part in change.split(","):
         field, _, value = part.partition("=")
@@ -103,9 +105,21 @@ def tile_variant(chain, config, change: str, device) -> "Config | None":
     tiles = []
     for st, t in zip(chain.stages, config.tiles):
         new = replace(t, **fields)
-        tiles.append(new if stage_problem(StageGrid(st, new), Limits(), device) is None else t)
+        problem = stage_problem(StageGrid(st, new), Limits(), device)
+        if problem is not None and new != t:
+            notes.append(f"{st.name} keeps {t.short()}: {new.short()} breaks {problem[0]} ({problem[1]})")
+        tiles.append(new if problem is None else t)
     out = replace(config, tiles=tuple(tiles), **globals_)
-    if out == config or chain_problem(out, chain, device) or check(chain, out, sms=device.sms):
+    if out == config:
+        notes.append("nothing changes")
+        return None
+    problem = chain_problem(out, chain, device)
+    if problem is not None:
+        notes.append(f"the chain's constraints refuse {out.short()}: {problem[0]} ({problem[1]})")
+        return None
+    why = check(chain, out, sms=device.sms)
+    if why:
+        notes.append(f"the sync checker refuses {out.short()}: {why}")
         return None
     return out
 
@@ -150,7 +164,12 @@ def main() -> int:
         # Each config (the recorded one, then each --also change of it) from this checkout's
         # templates and from every variant folder's.
         names, unverified = [], set()
-        changes = [(None, rec.config)] + [(c, tile_variant(chain, rec.config, c, gpu.device_info())) for c in args.also]
+        changes = [(None, rec.config)]
+        for c in args.also:
+            notes: list[str] = []
+            changes.append((c, tile_variant(chain, rec.config, c, gpu.device_info(), notes)))
+            for note in notes:
+                print(f"{rec.label}: --also {c}: {note}", flush=True)
         for change, cfg in changes:
             if cfg is None:
                 continue

@@ -339,6 +339,24 @@ def test_template_ab_also_changes_global_fields_and_drops_changes_the_space_or_c
     assert tile_variant(chain, cfg, "launch=two_stream", dev) is None  # no policy: nothing orders the stages
     assert tile_variant(chain, cfg, "policy=tile,launch=fused,dispatch=ticket", dev) is None  # persistent blocks
     assert tile_variant(chain, cfg, "persist=1", dev) is None  # nothing changes
+    notes: list[str] = []
+    assert tile_variant(chain, cfg, "launch=two_stream", dev, notes) is None
+    assert len(notes) == 1 and notes[0].startswith("the chain's constraints refuse") and "launch_mode" in notes[0]
+
+
+def test_template_ab_says_why_a_stage_keeps_its_tiling(monkeypatch):
+    """A change the stage's constraints refuse is named with the constraint, not skipped in silence."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from template_ab import tile_variant
+
+    chain, dev = get_workload("gpt3").chain(tokens=2048), DeviceInfo("H200")
+    t = StageTiles(256, 128, 64, 1, 2, 3, 1, "wgmma_tma_t", persist=1)
+    notes: list[str] = []
+    assert tile_variant(chain, Config((t, t), "stream", "col", "block", "serial"), "wn=3,bn=192", dev, notes) is None
+    assert notes[:2] == [f"{st.name} keeps 256x128x64 T1x2 s3 p: 256x192x64 T1x3 s3 p breaks accumulators (128 "
+                         "accumulator registers plus 56 others exceed the 152 per thread that 512 threads leave)"
+                         for st in chain.stages]
+    assert notes[2:] == ["nothing changes"]
 
 
 @pytest.mark.parametrize("script", ["template_ab.py", "sass_stats.py"])

@@ -68,9 +68,6 @@ class Config:
 
     def short(self) -> str:
         """A compact one-line description for tables and logs."""
-        t = " | ".join(f"{x.bm}x{x.bn}x{x.bk} {dict(wgmma='g', wgmma_tma='t', wgmma_tma_t='T').get(x.mma, 'w')}{x.wm}x{x.wn} s{x.stages}"
-                       + (f" k{x.split_k}" if x.split_k > 1 else "")
-                       + (f" c{x.cm}x{x.cn}" if x.cluster > 1 else "")
-                       + (" ts" if x.tail_split else " p" if x.persistent else "") for x in self.tiles)
+        t = " | ".join(x.short() for x in self.tiles)
         pre = "" if self.prefetch == "none" else f"+{self.prefetch}"
         return f"{self.policy}/{self.launch}/{self.order}-{self.dispatch}{pre} [{t}]"

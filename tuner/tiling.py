@@ -179,6 +179,15 @@ class StageTiles:
     cn: int = 1
     persist: int = 0
 
+    def short(self) -> str:
+        """A compact description, e.g. ``256x128x64 T1x2 s4 k2 c2x1 p`` (the letter: the MMA
+        instruction, w/g/t/T for mma.sync, wgmma, TMA-fed wgmma and its transposed tile)."""
+        letter = dict(wgmma="g", wgmma_tma="t", wgmma_tma_t="T").get(self.mma, "w")
+        return (f"{self.bm}x{self.bn}x{self.bk} {letter}{self.wm}x{self.wn} s{self.stages}"
+                + (f" k{self.split_k}" if self.split_k > 1 else "")
+                + (f" c{self.cm}x{self.cn}" if self.cluster > 1 else "")
+                + (" ts" if self.tail_split else " p" if self.persistent else ""))
+
     @property
     def cluster(self) -> int:
         """Blocks per cluster."""
