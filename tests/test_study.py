@@ -491,9 +491,14 @@ def test_final_rounds_give_the_best_and_a_rerun_under_sustained_load_times_them_
     run_study(CHAIN, SMALL, again, storage, strategy="random", trials=12, check=no_col_order)
     assert again.rounds == [] and again.calls == []
 
-    hot = RoundsBackend()
-    out = run_study(CHAIN, SMALL, hot, storage, strategy="random", trials=12, check=no_col_order, sustained_s=2.0)
+    hot, heard = RoundsBackend(), []
+    out = run_study(CHAIN, SMALL, hot, storage, strategy="random", trials=12, check=no_col_order, sustained_s=2.0,
+                    log=heard.append)
     assert hot.calls == [] and [h for _, h in hot.rounds] == [2.0]
+    n = hot.rounds[0][0]  # the long wait is announced, with its length
+    assert f"{CHAIN.label}: final rounds: 5 interleaved rounds of {n} finalists, each timing after 2 s of its " \
+           f"own load (about {n * 5 * 2} s)" in heard
+    assert any(line.startswith(f"{CHAIN.label}: final rounds done in ") for line in heard)
     assert out.summary.final_sustained_s == 2.0 and "under 2 s of sustained load" in describe(out)
     heated = [t for t in trials_of(storage) if t.user_attrs.get("sustained_s") == 2.0]
     assert len(heated) == hot.rounds[0][0] and out.summary.best.value == min(t.value for t in heated)

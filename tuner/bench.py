@@ -22,7 +22,7 @@ from typing import Any
 
 from .config import Config
 from .report import best_pytorch, over_stream, ratio_text, us_text
-from .study import FINAL_PER_KIND, SYNC_KINDS, finalists, kind_of, run_study, study_name
+from .study import FINAL_PER_KIND, SYNC_KINDS, finalists, kind_of, rounds_note, run_study, study_name
 from . import UsageError
 from .workloads import Chain, get_workload
 
@@ -91,6 +91,7 @@ def stage_rounds(gpu, chain: Chain, storage: str, device, graphs: bool, log=prin
             continue
         p = gpu.problem(alone)
         extra = baseline_timers(alone, list(zip(p.xs, p.ws)), graphs=graphs)
+        log(f"{alone.label}: {rounds_note(len(cfgs) + len(extra), 'tilings and library kernels', ROUNDS, sustained_s)}")
         got = gpu.time_rounds(alone, cfgs, ROUNDS, extra=extra, graphs=graphs, heat_s=sustained_s)
         ours = {c: median(v) for c in cfgs if isinstance(v := got.get(c), list) and v}
         best = min(ours, key=ours.get) if ours else None
@@ -151,6 +152,8 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
         contestants.update(ablations(contestants, list(ablate), ch, dev))
         p = gpu.problem(ch)
         extra = baseline_timers(ch, list(zip(p.xs, p.ws)), graphs=graphs)
+        log(f"{ch.label}: final rounds: "
+            f"{rounds_note(len(contestants) + len(extra), 'chains, ours and the library', ROUNDS, sustained_s)}")
         got = gpu.time_rounds(ch, list(contestants.values()), ROUNDS, extra=extra, graphs=graphs, heat_s=sustained_s)
         rounds: dict[str, list[float]] = {}
         for name, cfg in contestants.items():

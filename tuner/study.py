@@ -549,6 +549,14 @@ def finalists(timed: Sequence[tuple[float, Config]], per_kind: int = FINAL_PER_K
     return out
 
 
+def rounds_note(sources: int, what: str, rounds: int, sustained_s: float = 0.0) -> str:
+    """What interleaved rounds of ``sources`` (``what`` they are) will do, for the log before they
+    start; under sustained load, about how long they take."""
+    each = (f"after {sustained_s:g} s of its own load (about {sources * rounds * sustained_s:.0f} s)"
+            if sustained_s else "after idle")
+    return f"{rounds} interleaved rounds of {sources} {what}, each timing {each}"
+
+
 def _final_rounds(book: TrialBook, backend: Backend, chain: Chain, outcome: StudyOutcome,
                   log: Callable[[str], Any] | None, board: ClaimBoard, sustained_s: float = 0.0) -> None:
     """Time the finalists again in interleaved rounds after idle (with ``sustained_s``, each timing
@@ -568,7 +576,12 @@ def _final_rounds(book: TrialBook, backend: Backend, chain: Chain, outcome: Stud
     key = str(set_id) if not sustained_s else f"{set_id}@{sustained_s:g}s"
     if not board.take(f"finals/{book.scope}", key):
         return  # another worker times this set
+    if log is not None:  # a minute or two of silence otherwise, under sustained load
+        log(f"{chain.label}: final rounds: {rounds_note(len(contestants), 'finalists', FINAL_ROUNDS, sustained_s)}")
+    t0 = time.monotonic()
     rounds = backend.time_rounds(chain, contestants, FINAL_ROUNDS, heat_s=sustained_s)
+    if log is not None and rounds:
+        log(f"{chain.label}: final rounds done in {time.monotonic() - t0:.0f} s")
     if not rounds:
         if log is not None:
             log(f"{chain.label}: no final rounds: the backend gave no timing (the best is a single timing)")
