@@ -259,3 +259,15 @@ def test_a_small_budget_leaves_a_fifth_to_chains_and_probes_every_instruction():
         st.observe(Outcome(p, 20.0 + i) for i, p in enumerate(batch))
     assert n["stage pass"] <= 48 and n["chain pass"] >= 12
     assert len(kinds) == 8  # four instructions in each of the two stages
+
+
+def test_a_small_budget_cuts_the_stage_pass_in_turns_so_no_stage_is_starved():
+    chain = get_workload("llama-attn").chain(tokens=1)
+    fs = load_space(home() / "search_spaces" / "llama-attn.toml").feasible(chain, H200)
+    st = Staged()
+    st.start(SearchContext(chain, fs, H200, lambda c: True, 60, stage_tilings=fs.tilings))
+    per = Counter()
+    while (batch := st.propose(60)) and batch[0].phase == "stage pass":
+        per.update(p.stage for p in batch)
+        st.observe(Outcome(p, 20.0 + i) for i, p in enumerate(batch))
+    assert sum(per.values()) == 48 and set(per) == set(range(len(chain.stages))) and min(per.values()) >= 8

@@ -136,7 +136,7 @@ class Staged(Strategy):
         self.times: dict[Config, float | None] = {}
         self.stage_cap = max(PROBE, int(ctx.budget * STAGE_SHARE / len(self.timed)))
         self.chain_cap = max(1, int(ctx.budget * CHAIN_SHARE))
-        self.stage_limit = max(2, int(ctx.budget * (1 - CHAIN_RESERVE) / len(self.timed)))
+        self.stage_limit = max(2 * len(self.timed), int(ctx.budget * (1 - CHAIN_RESERVE)))  # all stages together
         self.grids = [list(g) for g in ctx.stage_tilings]
         self.allowed = [{g.tiles for g in gs} for gs in self.grids]
         self.ranked = [sorted(gs, key=lambda g: (rank_seconds(g, ctx.device), _shape(g.tiles), g.tiles.stages,
@@ -153,14 +153,17 @@ class Staged(Strategy):
         yield from self._refinement()
 
     def _stage_batch(self, per_stage: list[list[StageTiles]]) -> list[Proposal]:
+        fresh = [list(dict.fromkeys(t for t in tilings if t not in self.alone[j] and t in self.allowed[j]))
+                 if self.twin_of[j] == j else []  # a twin's times stand for it
+                 for j, tilings in enumerate(per_stage)]
+        # Where the stage pass's share runs out, the stages take turns, so that none is starved.
+        room = self.stage_limit - sum(len(self.alone[j]) for j in self.timed)
+        turns = itertools.zip_longest(*[[(j, t) for t in ts] for j, ts in enumerate(fresh)])
+        kept = set(itertools.islice((x for turn in turns for x in turn if x is not None), max(room, 0)))
         out = []
-        for j, tilings in enumerate(per_stage):
-            if self.twin_of[j] != j:
-                continue  # its twin's times stand for it
+        for j, tilings in enumerate(fresh):
             for t in tilings:
-                if len(self.alone[j]) >= self.stage_limit:
-                    break
-                if t not in self.alone[j] and t in self.allowed[j]:
+                if (j, t) in kept:
                     self.alone[j][t] = None
                     out.append(Proposal(stage_config(t), "stage pass", stage=j, screen=True))
         return out
