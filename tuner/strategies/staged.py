@@ -12,8 +12,8 @@
    persistent blocks (where the stage has more tiles than SMs), with and without the partial last
    wave split along K. A stage dominates the chain's time and its best tiling barely depends on
    the sync choice, so this is where most of the budget goes, though never the last
-   :data:`CHAIN_RESERVE` of it (a small budget cuts the probe, each instruction's best shapes
-   kept in turn, and the follow-ups).
+   :data:`CHAIN_RESERVE` of it (a small budget cuts the probe, the stages and each stage's
+   instructions taking turns, and the follow-ups).
 2. **Chain pass.** The fastest tilings of each stage, paired in the order of their summed
    stage times, under every policy and launch the space holds and the checker accepts, each in
    the tile order that suits its policy (:func:`preferred_order`). Right after the fastest
