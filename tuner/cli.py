@@ -158,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     strategy(p, None)
     p.add_argument("--seed", type=_non_negative_int, metavar="N", help="strategy seed")
     p.add_argument("--trials", type=_positive_int, metavar="N",
-                   help="measured trials per size in total, stages timed alone included (default: the study "
+                   help="measured trials per size in total, stages timed alone included; staged keeps the last "
+                        "fifth for whole chains (default: the study "
                         f"file's, else {', '.join(f'{k} {v}' for k, v in DEFAULT_TRIALS.items())}, others 100)")
     p.add_argument("--timeout", type=_positive_float, metavar="S", help="stop each size's study after S seconds")
     p.add_argument("--warm-start", type=Path, metavar="F",
