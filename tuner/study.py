@@ -580,12 +580,12 @@ def _final_rounds(book: TrialBook, backend: Backend, chain: Chain, outcome: Stud
         log(f"{chain.label}: final rounds: {rounds_note(len(contestants), 'finalists', FINAL_ROUNDS, sustained_s)}")
     t0 = time.monotonic()
     rounds = backend.time_rounds(chain, contestants, FINAL_ROUNDS, heat_s=sustained_s)
-    if log is not None and rounds:
-        log(f"{chain.label}: final rounds done in {time.monotonic() - t0:.0f} s")
     if not rounds:
         if log is not None:
             log(f"{chain.label}: no final rounds: the backend gave no timing (the best is a single timing)")
         return
+    if log is not None:
+        log(f"{chain.label}: final rounds done in {time.monotonic() - t0:.0f} s")
     for c in contestants:
         got = rounds.get(c)
         if isinstance(got, str) or not got:
