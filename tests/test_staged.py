@@ -43,10 +43,25 @@ def test_the_three_fastest_go_on_plus_the_fastest_unclustered_when_all_three_are
 
 def test_the_probe_shares_24_shapes_per_stage_among_the_mma_instructions():
     """Four instructions (the transposed TMA tile is the fourth) get six shapes each, so the stage
-    pass keeps its share of the budget."""
-    probe = staged(256).propose(400)
-    per = Counter((p.stage, p.tiles.mma) for p in probe)
+    pass keeps its share of the budget: three first, three more where the first came close."""
+    st = staged(256)
+    first = st.propose(400)
+    per = Counter((p.stage, p.tiles.mma) for p in first)
+    assert len(per) == 8 and set(per.values()) == {3}
+    st.observe(Outcome(p, 10.0 + (p.tiles.mma == "wgmma") * 2.0) for p in first)  # within 1.25
+    per.update((p.stage, p.tiles.mma) for p in st.propose(400))
     assert len(per) == 8 and set(per.values()) == {6}
+
+
+def test_the_probe_gives_no_more_shapes_to_an_instruction_whose_first_came_far_behind():
+    """mma.sync at twice the best time from 128 tokens on: three shapes of it are enough."""
+    st = staged(256)
+    first = st.propose(400)
+    st.observe(Outcome(p, 20.0 if p.tiles.mma == "sync" else 10.0) for p in first)
+    rest = st.propose(400)
+    assert rest and all(p.phase == "stage pass" for p in rest)
+    per = Counter((p.stage, p.tiles.mma) for p in rest)
+    assert len(per) == 6 and set(per.values()) == {3} and not any(m == "sync" for _, m in per)
 
 
 def test_cluster_variants_of_the_fastest_tilings_are_the_feasible_cluster_shapes():
@@ -54,6 +69,7 @@ def test_cluster_variants_of_the_fastest_tilings_are_the_feasible_cluster_shapes
     probe = st.propose(400)
     # TMA-fed tilings fastest: only they can run in clusters.
     st.observe(Outcome(p, (10.0 if p.tiles.mma == "wgmma_tma" else 50.0) + i) for i, p in enumerate(probe))
+    st.observe(Outcome(p, 10.0 + i) for i, p in enumerate(st.propose(400)))  # the probe's rest
     more = st.propose(400)
     st.observe(Outcome(p, 100.0) for p in more)
     clustered = st.propose(400)
@@ -177,8 +193,8 @@ def test_the_ring_one_slot_shorter_and_longer_than_the_fastest_probed_tilings_is
     from tuner.strategies.staged import RING_TOP
 
     st = staged(256, budget=100)
-    probe = st.propose(400)
-    st.observe(Outcome(p, 10.0 + i) for i, p in enumerate(probe))
+    for base in (10.0, 30.0):  # the probe's first shapes, then its rest
+        st.observe(Outcome(p, base + i) for i, p in enumerate(st.propose(400)))
     probed = [set(a) for a in st.alone]
     fastest = [st.fastest(j, RING_TOP) for j in range(2)]
     more = {(p.stage, p.tiles) for p in st.propose(400)}

@@ -5,7 +5,8 @@
    tilings ranked first by the cost model, corrected by its fit to recorded stage timings
    (:func:`tuner.model.rank_seconds`). No model ranks tile shapes well enough to skip timing
    them, so every shape gets a turn: first a probe of the best few shapes of every MMA instruction
-   (8 each, fewer where four instructions share the probe's 24),
+   (8 each, fewer where four instructions share the probe's 24; the first three of each, then the
+   rest only for the instructions whose first three came within :data:`LIVE_PROBE` of the best),
    then more shapes of the instructions whose probe came within :data:`LIVE_KIND` of the
    best, each shape with its two best pipeline/split variants, then the fastest tilings again
    in thread-block clusters, then the fastest (clustered or not, and plain) again with
@@ -56,6 +57,10 @@ PROBE = 8  # model-best shapes per MMA instruction in the probe, at most
 PROBE_SHAPES = 24  # per stage, shared among its MMA instructions: a fourth instruction (the
 # transposed TMA tile) took the stage pass past its share, and the chain pass of llama at 320
 # tokens got 13 of 100 trials
+PROBE_FIRST = 3  # of those, probed first; the rest only for instructions within LIVE_PROBE of the best
+LIVE_PROBE = 1.25  # looser than LIVE_KIND: three shapes say less of an instruction than the whole probe.
+# Recorded stage times put mma.sync at 1.35-2.7 times the best from 128 tokens on, and wgmma without
+# TMA at 1.2-1.5 at llama 200-1100: six shapes of each took a quarter of a stage's probe
 PER_SHAPE = 2  # pipeline/split variants per tile shape, the model's best
 RING_TOP = 2  # fastest probed tilings per stage whose ring variants (ring_variants) are timed
 # too: the model ranks neighbouring depths within a hair of each other, and at gpt3 256 and 2048
@@ -184,12 +189,20 @@ class Staged(Strategy):
                     by_kind[t.mma].append(t)
             kinds.append(by_kind)
             # Instruction by instruction in turn, so that a small budget's cut keeps each one's best.
-            turns = itertools.zip_longest(*by_kind.values())
+            turns = itertools.zip_longest(*(ts[:PROBE_FIRST] for ts in by_kind.values()))
             probe.append(prior[j] + [t for turn in turns for t in turn if t is not None])
+        yield self._stage_batch(probe)
+        # The rest of the probe, for the instructions whose first shapes came near the best.
+        probe = []
+        for j in range(self.n):
+            best_kind = self._best_kind(j, kinds[j])
+            top = min(best_kind.values(), default=float("inf"))
+            live = [ts[PROBE_FIRST:] for k, ts in kinds[j].items() if best_kind[k] <= top * LIVE_PROBE]
+            probe.append([t for turn in itertools.zip_longest(*live) for t in turn if t is not None])
         yield self._stage_batch(probe)
         rest = []
         for j in range(self.n):
-            best_kind = {k: min((self.alone[j].get(t) or float("inf")) for t in ts) for k, ts in kinds[j].items()}
+            best_kind = self._best_kind(j, kinds[j])
             top = min(best_kind.values(), default=float("inf"))
             live = {k for k, v in best_kind.items() if v <= top * LIVE_KIND}
             room = self.stage_cap - len(self.alone[j])
@@ -223,6 +236,11 @@ class Staged(Strategy):
         # and the partial last wave split along K (where that ends it sooner).
         yield self._stage_batch([[replace(t, persist=p) for t in self.persist_bases(j) for p in (1, 2)]
                                  for j in range(self.n)])
+
+    def _best_kind(self, j: int, by_kind: dict[str, list[StageTiles]]) -> dict[str, float]:
+        """Stage ``j``'s fastest time alone per MMA instruction among ``by_kind``'s tilings (inf
+        where none was timed or none ran)."""
+        return {k: min((self.alone[j].get(t) or float("inf")) for t in ts) for k, ts in by_kind.items()}
 
     def fastest(self, j: int, k: int, plain: bool = False) -> list[StageTiles]:
         """Stage ``j``'s ``k`` fastest tilings timed alone; with ``plain``, of those without clusters
