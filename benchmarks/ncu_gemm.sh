@@ -11,7 +11,8 @@
 #   benchmarks/ncu_gemm.sh out studies/h200/gpt3-2048.measurements.json gpt3.gemm2/tokens=2048 1,6 \
 #       'gpt3.gemm2/tokens=2048,hidden=12288,ffn=6144' 'torch graph'
 #
-# RANKS: comma-separated ranks of recorded configs as profile_config.py picks them; LIBRARY_LABEL
+# RANKS: comma-separated ranks of recorded configs as profile_config.py picks them, each optionally
+# with fields changed as its --also changes them, joined by + (1+order=row, 1+cm=2+stages=4); LIBRARY_LABEL
 # and VARIANT as profile_library.py takes them. Each source is profiled for LAUNCHES launches
 # (default 5) after 10. LIBRARY_KERNELS: the regex naming the library's kernels (default
 # nvjet|gemm|xmma). Writes OUTDIR/ncu_<source>.csv (ncu's own) and prints the table.
@@ -33,6 +34,9 @@ columns = [("gpu__time_duration.sum", "µs", 1e-3), ("sm__cycles_elapsed.max", "
            ("lts__t_sectors.sum", "L2 sectors M", 1e-6), ("lts__t_sectors_srcunit_tex_op_read.sum", "SM reads M", 1e-6),
            ("lts__t_requests_srcunit_tex.sum", "SM requests M", 1e-6),
            ("lts__t_sectors_srcunit_ltcfabric.sum", "across halves M", 1e-6), ("dram__bytes_read.sum", "DRAM read MB", 1e-6),
+           # The L2's request coalescer: sectors it sends the SMs for each it reads from L2 (requests for
+           # the same lines from several SMs at nearly the same time are read once).
+           ("lrc__average_xbar2gpc_sectors_op_read.ratio", "coalesced", 1),
            # What the SMs receive from TMA loads (all; those multicast to the cluster), and the multicast
            # read requests with those replayed for each further block they reach: how the L2's counts
            # see a multicast.
@@ -57,7 +61,7 @@ for who in sources:
     cells = []
     for name, _, scale in columns:
         v = median(values[name]) * scale if values.get(name) else None
-        cells.append("-" if v is None else f"{v:,.0f}" if v >= 1000 else f"{v:.1f}")
+        cells.append("-" if v is None else f"{v:,.0f}" if v >= 1000 else f"{v:.1f}" if v >= 10 else f"{v:.2f}")
     kernel = rows[0]["Kernel Name"].split("(")[0][:48]
     launches = len({r["ID"] for r in rows})
     print(f"| {who} | `{kernel}` | {launches} | " + " | ".join(cells) + " |")
@@ -73,10 +77,13 @@ profile() {  # who, kernel regex, command...
         || { echo "$who: ncu failed, see $out/ncu_$who.err" >&2; return 1; }
 }
 sources=()
-for rank in ${ranks//,/ }; do
-    profile "rank$rank" stage python3 "$here/profile_config.py" "$recording" --label "$label" --rank "$rank" \
-        --runs "$runs" || exit 1
-    sources+=("rank$rank")
+for item in ${ranks//,/ }; do
+    rank=${item%%+*} also=()
+    [ "$item" != "$rank" ] && also=(--also "$(echo "${item#*+}" | tr + ,)")
+    who="rank$(echo "$item" | tr -c 'A-Za-z0-9_\n' _)"
+    profile "$who" stage python3 "$here/profile_config.py" "$recording" --label "$label" --rank "$rank" \
+        "${also[@]}" --runs "$runs" || exit 1
+    sources+=("$who")
 done
 profile library "${LIBRARY_KERNELS:-nvjet|gemm|xmma}" python3 "$here/profile_library.py" "$lib_label" \
     --variant "$variant" --runs "$runs" || exit 1

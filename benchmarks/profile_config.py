@@ -1,13 +1,13 @@
 """Run one recorded config on the GPU, verified, then again and again: the target for a profiler.
 
-    python benchmarks/profile_config.py RECORDING --label TEXT [--rank N] [--runs N]
+    python benchmarks/profile_config.py RECORDING --label TEXT [--rank N] [--also F=V[,F=V ...]] [--runs N]
     ncu --set full -k regex:'stage|fused' --launch-skip 10 --launch-count 1 -o OUT/attn \\
         python benchmarks/profile_config.py studies/llama-attn-decode.measurements.json \\
         --label 'llama-attn.attn/tokens=1,'
 
 Picks, among the recording's measured configs whose label contains TEXT (a chain, or one stage
 timed alone: ``gpt3.gemm1/...``), the one ranked N by its recorded median (0: the fastest),
-renders and compiles it as bench does, checks it against the float32 reference, then runs it
+with ``--also``'s fields changed (as ``template_ab.py`` changes them), renders and compiles it as bench does, checks it against the float32 reference, then runs it
 ``--runs`` times back to back and prints its median beside the recorded one. The kernels are
 ``stage<i>_kernel`` (``fused_kernel`` for a fused launch): filter on those names (``-k``), since
 making the inputs and the reference launches CuPy's own kernels first, and skip a few launches,
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from statistics import median
 
@@ -32,6 +33,9 @@ def target_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("recording", help="a *.measurements.json file")
     ap.add_argument("--label", required=True, help="text the record's label contains")
     ap.add_argument("--rank", type=int, default=0, help="0: the fastest recorded config, 1: the next, ...")
+    ap.add_argument("--also", metavar="FIELD=VALUE[,FIELD=VALUE ...]",
+                    help="the config with these fields changed together, as template_ab.py --also takes them "
+                         "(e.g. order=row or cm=2,stages=4)")
 
 
 def load_target(args: argparse.Namespace, device_epoch: bool = False) -> tuple[Record, Chain, Runner, float]:
@@ -43,6 +47,14 @@ def load_target(args: argparse.Namespace, device_epoch: bool = False) -> tuple[R
         raise SystemExit(str(exc)) from None
     chain, config = chain_from_label(rec.label), rec.config
     backend = GpuBackend()
+    if getattr(args, "also", None):
+        from template_ab import tile_variant  # noqa: PLC0415 - the script beside this one
+
+        notes: list[str] = []
+        config = tile_variant(chain, config, args.also, backend.device_info(), notes)
+        if config is None:
+            raise SystemExit(f"--also {args.also}: " + "; ".join(notes))
+        rec = replace(rec, config=config)
     runner, m = backend.load(chain, config, device_epoch=device_epoch)
     if runner is None:
         raise SystemExit(f"{config.short()}: {m.reason}: {m.message}")
@@ -60,7 +72,7 @@ def main() -> int:
     rec, _, runner, err = load_target(args)
     times = runner.time(20, args.runs)
     print(f"{rec.label}: {rec.config.short()}, error {err:.1e}; median {median(times):.2f} us here, "
-          f"{rec.measurement.median_us:.2f} us recorded (rank {args.rank})")
+          f"{rec.measurement.median_us:.2f} us recorded (rank {args.rank}" + (f", before --also {args.also})" if args.also else ")"))
     return 0
 
 
