@@ -426,28 +426,31 @@ for i in 0 1 2; do
   echo "\"$i\",\"$k\",\"sm__cycles_elapsed.max\",\"cycle\",\"62$i,000\""
   echo "\"$i\",\"$k\",\"lts__t_sectors_srcunit_tex_op_read.sum\",\"sector\",\"$((r + i))\""
   echo "\"$i\",\"$k\",\"l1tex__m_xbar2l1tex_read_bytes_mem_global_op_tma_ld.sum\",\"byte\",\"3,600,000,000\""
+  echo "\"$i\",\"$k\",\"lrc__average_xbar2gpc_sectors_op_read.ratio\",\"\",\"1.53\""
 done
 """)
     ncu.chmod(0o755)
     calls = tmp_path / "calls.txt"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "NCU_CALLS": str(calls)}
     done = subprocess.run(["bash", str(root / "benchmarks" / "ncu_gemm.sh"), tmp_path / "out", "rec.json",
-                           "gpt3.gemm2/tokens=2048", "1,6", "gpt3.gemm2/tokens=2048,hidden=12288,ffn=6144",
+                           "gpt3.gemm2/tokens=2048", "1,6+cm=2+stages=4", "gpt3.gemm2/tokens=2048,hidden=12288,ffn=6144",
                            "torch graph", "3"], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     made = calls.read_text().splitlines()
     assert len(made) == 3 and all("--clock-control base" in c and "--print-units base" in c for c in made)
-    assert "--rank 1 " in made[0] and "--rank 6 " in made[1] and "regex:nvjet|gemm|xmma" in made[2]
+    assert "--rank 1 " in made[0] and "--also" not in made[0] and "regex:nvjet|gemm|xmma" in made[2]
+    assert "--rank 6 --also cm=2,stages=4 " in made[1]  # a rank with fields changed, as profile_config.py takes them
     assert all("--launch-count 3" in c for c in made)
     # ncu is asked for what the table reads, the TMA receive counters among them
     assert all("--metrics gpu__time_duration.sum,sm__cycles_elapsed.max," in c and
                "tma_ld_dest_multicast.sum " in c for c in made)
     rows = [ln for ln in done.stdout.splitlines() if ln.startswith("| rank") or ln.startswith("| library")]
-    assert [r.split(" | ")[0] for r in rows] == ["| rank1", "| rank6", "| library"]
+    assert [r.split(" | ")[0] for r in rows] == ["| rank1", "| rank6_cm_2_stages_4", "| library"]
     assert rows[0].split(" | ")[1:5] == ["`stage0_kernel`", "3", "441.0", "621,000"]
     assert rows[2].split(" | ")[1:4] == ["`nvjet_sm90_hsh_256x128`", "3", "443.0"]
     assert rows[0].split(" | ")[7] == "77.0" and rows[2].split(" | ")[7] == "64.0"  # SM reads, millions
-    assert rows[0].split(" | ")[11] == "3,600"  # what the SMs received from TMA loads, MB
+    assert rows[0].split(" | ")[11] == "1.53"  # sectors sent to the SMs per sector read from L2
+    assert rows[0].split(" | ")[12] == "3,600"  # what the SMs received from TMA loads, MB
     assert rows[0].endswith(" - |")  # a metric ncu did not give
 
 
