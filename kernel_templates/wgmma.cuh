@@ -156,14 +156,19 @@ __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
 // CLUSTER: acquire at cluster scope, for a barrier that blocks of the cluster arrive on.
+// A thread whose phase is not complete sleeps until it is, or for at most the hint (1 ms, far
+// below TUNER_SPIN_NS), instead of the hardware's own shorter limit: the producer waits for free
+// slots most of the time, and every wake-up is another turn of the loop. Measured on an H100
+// (gpt3 gemm2 at 2048 tokens, 9 interleaved rounds): 256x128x64 T1x2 s4 p 401.68 -> 399.63 us,
+// where cuBLAS took 400.66; its warps had stalled on branch resolution 3-13 times as often as cuBLAS's.
 template <bool CLUSTER = false>
 __device__ __forceinline__ bool mbar_try_wait(u32 bar, u32 parity) {
   u32 done;
   if constexpr (CLUSTER)
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2, 1000000;\n"
                  "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
   else
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, 1000000;\nselp.u32 %0, 1, 0, p;\n}\n"
                  : "=r"(done) : "r"(bar), "r"(parity) : "memory");
   return done;
 }
