@@ -11,8 +11,9 @@
    best, each shape with its two best pipeline/split variants, then the fastest tilings again
    in thread-block clusters, then the fastest (clustered or not, and plain) again with
    persistent blocks (where the stage has more tiles than SMs), with and without the partial last
-   wave split along K. A stage dominates the chain's time and its best tiling barely depends on
-   the sync choice, so this is where most of the budget goes, though never the last
+   wave split along K, and the ring variants of the fastest persistent one. A stage dominates
+   the chain's time and its best tiling barely depends on the sync choice, so this is where
+   most of the budget goes, though never the last
    :data:`CHAIN_RESERVE` of it (a small budget cuts the probe, the stages and each stage's
    instructions taking turns, and the follow-ups).
 2. **Chain pass.** The fastest tilings of each stage, paired in the order of their summed
@@ -236,6 +237,10 @@ class Staged(Strategy):
         # and the partial last wave split along K (where that ends it sooner).
         yield self._stage_batch([[replace(t, persist=p) for t in self.persist_bases(j) for p in (1, 2)]
                                  for j in range(self.n)])
+        # The fastest persistent tiling's ring variants: a persistent ring's best depth differs from
+        # the plain one's, and the plain depth it came from may not be one the pass made persistent.
+        top = [[t for t in self.fastest(j, len(self.alone[j])) if t.persistent][:1] for j in range(self.n)]
+        yield self._stage_batch([[u for t in ts for u in ring_variants(t)] for ts in top])
 
     def _best_kind(self, j: int, by_kind: dict[str, list[StageTiles]]) -> dict[str, float]:
         """Stage ``j``'s fastest time alone per MMA instruction among ``by_kind``'s tilings (inf
