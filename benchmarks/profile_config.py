@@ -9,9 +9,10 @@ Picks, among the recording's measured configs whose label contains TEXT (a chain
 timed alone: ``gpt3.gemm1/...``), the one ranked N by its recorded median (0: the fastest),
 with ``--also``'s fields changed (as ``template_ab.py`` changes them), renders and compiles it
 as bench does, checks it against the float32 reference, then runs it ``--runs`` times back to
-back and prints its median beside the recorded one. The kernels are ``stage<i>_kernel`` (``fused_kernel`` for a fused launch): filter on those names (``-k``), since
-making the inputs and the reference launches CuPy's own kernels first, and skip a few launches,
-since the first runs are the check and the warm-up.
+back and prints its median beside the recorded one. The kernels are ``stage<i>_kernel``
+(``fused_kernel`` for a fused launch): filter on those names (``-k``), since making the inputs
+and the reference launches CuPy's own kernels first, and skip a few launches, since the first
+runs are the check and the warm-up.
 """
 from __future__ import annotations
 
