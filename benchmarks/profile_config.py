@@ -48,7 +48,7 @@ def load_target(args: argparse.Namespace, device_epoch: bool = False) -> tuple[R
         raise SystemExit(str(exc)) from None
     chain, config = chain_from_label(rec.label), rec.config
     backend = GpuBackend()
-    if getattr(args, "also", None):
+    if args.also:
         from template_ab import tile_variant  # noqa: PLC0415 - the script beside this one
 
         notes: list[str] = []

@@ -163,13 +163,14 @@ __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
 // where cuBLAS took 400.66; its warps had stalled on branch resolution 3-13 times as often as cuBLAS's.
 template <bool CLUSTER = false>
 __device__ __forceinline__ bool mbar_try_wait(u32 bar, u32 parity) {
+  constexpr u32 SLEEP_NS = 1000000;
   u32 done;
   if constexpr (CLUSTER)
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2, 1000000;\n"
-                 "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2, %3;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(bar), "r"(parity), "n"(SLEEP_NS) : "memory");
   else
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, 1000000;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(bar), "r"(parity), "n"(SLEEP_NS) : "memory");
   return done;
 }
 // Bounded like every other wait: a copy that never completes sets the error flag instead of hanging.
