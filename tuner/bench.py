@@ -43,7 +43,7 @@ def timed_configs(storage: str, chain: Chain, device, stage: int | None = None, 
     n = len(chain.stages) if stage is None else 1
     study = optuna.load_study(study_name=name, storage=storage)
     return [(t.value, c) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.user_attrs.get("measured") and (c := trial_config(t, n)) is not None]
+            if t.user_attrs.get("measured") and (c := trial_config(t, n, name)) is not None]
 
 
 def ablations(contestants: dict[str, Config], fields: list[str], chain: Chain, device) -> dict[str, Config]:
@@ -52,7 +52,7 @@ def ablations(contestants: dict[str, Config], fields: list[str], chain: Chain, d
     ``"<kind> <field>=<value>"``: what that one choice is worth, timed in the same rounds."""
     from .checker import check  # noqa: PLC0415
     from .constraints import chain_problem  # noqa: PLC0415
-    from .space import GLOBAL_CHOICES  # noqa: PLC0415
+    from .config import GLOBAL_CHOICES  # noqa: PLC0415
 
     out: dict[str, Config] = {}
     for kind in SYNC_KINDS:
@@ -140,7 +140,7 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
             f"{outcome.stage_trials} of them stages alone) in {outcome.elapsed_s:.0f} s")
         # The recording, written as soon as the search ends: the final rounds add no measurement,
         # and may not finish.
-        store = MeasurementStore(storage, writable=False)
+        store = MeasurementStore(storage, read_only=True)
         write_recording(rec_path, dev, store.records(dev, labels), command)
         store.close()
         passed = timed_configs(storage, ch, dev, graphs=graphs)
@@ -274,13 +274,11 @@ def picked_configs(summary_path: Path, label: str) -> list[Config]:
     except (OSError, ValueError, AttributeError):
         return []
     out = []
-    for row in rows:
+    for i, row in enumerate(rows if isinstance(rows, list) else []):
         if isinstance(row, dict) and row.get("label") == label:
             for key in ("tile_config", "pdl_config", "stream_config"):
-                try:
-                    out.append(Config.from_dict(row[key]))
-                except (KeyError, TypeError, ValueError):
-                    continue
+                if row.get(key) is not None:  # a kind the bench found nothing for
+                    out.append(Config.from_dict(row[key], where=f"{summary_path}: rows[{i}].{key}"))
     return out
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from . import UsageError
 from .config import Config
+from .device import DeviceInfo
 from .render import render
 from .stages import kind_of
 from .workloads import get_workload
@@ -34,7 +35,9 @@ CPP_FILES = ("tuner_chain.h", "tuner_chain.cpp", "example.cpp")
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "-", text).strip("-")
+    """A folder name for ``text``: letters, digits and ``_.=-``, never one that starts with a dot
+    (``..`` would leave the bundle)."""
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "-", text).strip("-").lstrip(".") or "-"
 
 
 def manifest(chain: Any, config: Config, device: dict[str, Any], time_us: float | None, replayed: bool,
@@ -101,13 +104,14 @@ def write_bundle(storage: str, workload: str, out: str | Path) -> Path:
         raise UsageError(f"no measured study of {wl.name} in {storage}; run python -m tuner study {wl.name} first, "
                          "or pass --storage with the URL the studies were written to")
     out = Path(out)
-    rdb = open_optuna_storage(storage)
+    rdb = open_optuna_storage(storage, read_only=True)
     entries = []
     for r in rows:
         chain = wl.chain(**r["size"])
-        config = Config.from_dict(r["best"]["config"])
+        config = Config.from_dict(r["best"]["config"], f"study {r['study']!r}")
         best = optuna.load_study(study_name=r["study"], storage=rdb).best_trial
-        device = best.user_attrs.get("device") or {"name": r["device"], "arch": "sm_90"}
+        stored = best.user_attrs.get("device") or {"name": r["device"], "arch": "sm_90"}
+        device = DeviceInfo.from_dict(stored, f"study {r['study']!r}, trial {best.number}: device").to_dict()
         where = out / _slug(r["device"]) / _slug(",".join(f"{k}={v}" for k, v in chain.size_dict.items()))
         try:
             write_entry(where, chain, config, device, r["best"]["median_us"], r["replayed"], r["synthetic"])

@@ -97,6 +97,11 @@ def _index_list(text: str) -> tuple[int, ...] | str:
     return tuple(int(p) for p in parts)
 
 
+def output_argument(p: argparse.ArgumentParser, metavar: str, help_: str, *aliases: str) -> None:
+    """The one spelling of an output path, ``-o``/``--out``, on every command that writes one."""
+    p.add_argument("-o", "--out", *aliases, dest="out", type=Path, metavar=metavar, help=help_)
+
+
 def _fault(text: str) -> tuple[int, str]:
     from .render import FAULTS  # noqa: PLC0415
 
@@ -135,14 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
         everyone = set(WORKLOADS)
         for name, (doc, owners) in size_flags().items():
             whose = "" if set(owners) == everyone else f" ({', '.join(owners)})"
+            # Each workload checks its own sizes (Workload.chain); the help says what they accept.
+            ranges = dict.fromkeys(get_workload(w).size_param(name).accepted for w in owners)
             least = min(get_workload(w).size_param(name).least for w in owners)
             p.add_argument(flag(name), dest=name, type=lambda text, least=least: _int_list(text, least), metavar="LIST",
-                           help=f"{doc}, comma separated{whose}")
+                           help=f"{doc}, comma separated{whose}; each {' or '.join(ranges)}")
 
     from .backends import BACKENDS  # noqa: PLC0415
     from .strategies import DEFAULT as DEFAULT_STRATEGY  # noqa: PLC0415
     from .strategies import STRATEGIES  # noqa: PLC0415
-    from .study import DEFAULT_TRIALS  # noqa: PLC0415
+    from .study import CLAIM_GRACE_S, DEFAULT_TRIALS  # noqa: PLC0415
 
     def strategy(p: argparse.ArgumentParser, default: str | None) -> None:
         p.add_argument("--strategy", choices=list(STRATEGIES), default=default,
@@ -180,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "command on another host with the same --storage joins them")
     p.add_argument("--claim-grace", type=_positive_float, metavar="S", default=None,
                    help="seconds after a worker's last heartbeat (every few seconds) before the others take over "
-                        "what it was measuring (default: 60)")
+                        f"what it was measuring; one of this host whose process is gone, at once (default: "
+                        f"{CLAIM_GRACE_S:g})")
     p.add_argument("--graphs", action="store_true",
                    help="on a GPU: time every config as CUDA graph replays (the kernels number their runs on the "
                         "device), as a caller that captures the chain runs it; for chains of a few short kernels, "
@@ -218,8 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time the leading finalist of each kind with every other allowed value of this "
                         f"global choice ({', '.join(GLOBAL_FIELDS)}), in the space or not, in the same rounds "
                         "(repeatable)")
-    p.add_argument("--out", type=Path, metavar="PATH",
-                   help="summary JSON (default: studies/<workload>.bench.json); the recording of every "
+    output_argument(p, "PATH", "summary JSON (default: studies/<workload>.bench.json); the recording of every "
                         "measurement goes beside it as <name>.measurements.json")
 
     from .export import FORMATS  # noqa: PLC0415
@@ -227,8 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("export", "write the best configs per device and size, a runnable bundle of them, or a recording",
                 _cmd_export)
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
-    p.add_argument("-o", "--output", type=Path, metavar="PATH", help="default: tuned/<workload>.json (.h, .measurements.json; a bundle: the folder "
-                        "tuned/<workload>-bundle)")
+    output_argument(p, "PATH", "default: tuned/<workload>.json (.h, .measurements.json; a bundle: the folder "
+                               "tuned/<workload>-bundle)", "--output")
     p.add_argument("--format", choices=(*FORMATS, "bundle"), default="json",
                    help="json or a C++ header (best configs); bundle: a folder with each best chain's CUDA source, "
                         "cubin and manifest, which tuner.runtime runs; recording: every measurement, for "
@@ -246,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", type=Path, nargs="+", action="extend", metavar="F",
                    help="bench summaries to draw (default: studies/<workload>.bench.json and "
                         "studies/search/<workload>-*.bench.json; a later file's row for a size wins)")
-    p.add_argument("--out", type=Path, metavar="DIR", help="where the page and PNGs go (default: studies/report)")
+    output_argument(p, "DIR", "where the page and PNGs go (default: studies/report)")
 
     p = command("compile", "render and compile a workload's kernels with NVRTC (no GPU needed)", _cmd_compile,
                 storage=False)
@@ -268,7 +275,8 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
     from .store import MeasurementStore  # noqa: PLC0415
     from .bench import picked_configs  # noqa: PLC0415
     from .paths import home  # noqa: PLC0415
-    from .study import default_study, describe, figure_tag, load_study_file, run_study  # noqa: PLC0415
+    from .report import recorded_library  # noqa: PLC0415
+    from .study import default_study, describe, figure_tag, load_study_file, outcome_table, run_study  # noqa: PLC0415
 
     wl = get_workload(args.workload)
     if args.gpus:
@@ -316,9 +324,16 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
         if hasattr(backend, "labels"):
             recorded = set(backend.labels())
             runnable = [c for c in chains if c.label in recorded]
-            for c in chains:
-                if c.label not in recorded:
-                    print(f"{c.label}: skipped, no recorded measurements to replay")
+            named = args.study_file is not None or any(getattr(args, p, None) for p in wl.params)
+            if named:  # sizes the user asked for by name: say which of them cannot be replayed
+                for c in chains:
+                    if c.label not in recorded:
+                        print(f"{c.label}: skipped, no recorded measurements to replay")
+            elif runnable and len(runnable) < len(chains):
+                sizes = ", ".join(str(c.size_dict[wl.sweep_param]) for c in runnable)
+                print(f"replaying the {len(runnable)} sizes the recordings hold ({wl.sweep_param} {sizes}); the "
+                      f"other {len(chains) - len(runnable)} of {spec.source} need a GPU (or name sizes: "
+                      f"{flag(wl.sweep_param)} LIST)")
             if not runnable:
                 mine = sorted((lb for lb in recorded if lb.startswith(f"{wl.name}/")), key=_size_key)
                 raise UsageError(f"the recordings hold no size of this sweep; recorded {wl.name} sizes: "
@@ -329,6 +344,7 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
         if args.warm_start is not None and not args.no_warm_start and not args.warm_start.is_file():
             raise UsageError(f"--warm-start {args.warm_start}: no such file; accepted: a bench summary "
                              "(python -m tuner bench writes one)")
+        outcomes = []
         for chain in chains:
             warm = picked_configs(warm_file, chain.label) if warm_file is not None else []
             outcome = run_study(chain, space, backend, args.storage, strategy=strategy, seed=seed, trials=trials,
@@ -336,10 +352,13 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
                                 sustained_s=args.sustained or 0.0,
                                 **({} if args.claim_grace is None else {"claim_grace_s": args.claim_grace}))
             print(describe(outcome, tag))
+            outcomes.append(outcome)
             if outcome.interrupted:
                 print(f"interrupted: every measured trial is stored in {args.storage}; "
                       f"resume with: python -m tuner {shlex.join(argv)}", file=sys.stderr)
                 return EXIT_INTERRUPTED
+        if len(outcomes) > 1 or any(o.summary.best is not None for o in outcomes):
+            print(outcome_table(outcomes, wl.sweep_param, tag, recorded_library(backend)))
     finally:
         backend.close()
     return 0
@@ -411,9 +430,9 @@ def _cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
         _require_nvrtc("a bundle (its cubins)")
         from .bundle import write_bundle  # noqa: PLC0415 - compiles with NVRTC
 
-        path = write_bundle(args.storage, wl.name, args.output or Path("tuned") / f"{wl.name}-bundle")
+        path = write_bundle(args.storage, wl.name, args.out or Path("tuned") / f"{wl.name}-bundle")
     else:
-        path = export(args.storage, wl.name, args.output, args.format, command="python -m tuner " + shlex.join(argv))
+        path = export(args.storage, wl.name, args.out, args.format, command="python -m tuner " + shlex.join(argv))
     print(f"wrote {path}")
     return 0
 
@@ -468,11 +487,13 @@ def _cmd_list(args: argparse.Namespace, argv: list[str]) -> int:
         return 0
     import optuna  # noqa: PLC0415
 
-    from .store import open_optuna_storage  # noqa: PLC0415
-
+    from .store import has_studies, open_optuna_storage  # noqa: PLC0415
     from .trials import summarize  # noqa: PLC0415
 
-    rdb = open_optuna_storage(args.storage)
+    if not has_studies(args.storage):
+        print(f"stored studies: none in {args.storage} (it holds no tuner tables)")
+        return 0
+    rdb = open_optuna_storage(args.storage, read_only=True)
     summaries = optuna.get_all_study_summaries(rdb, include_best_trial=False)
     print(f"stored studies in {args.storage}:" if summaries else f"stored studies: none in {args.storage}")
     for s in sorted(summaries, key=lambda s: (s.study_name.split("/", 1)[0], _size_key(s.study_name))):

@@ -2,8 +2,17 @@
 trial record and feasibility question names. Below everything that asks about a device."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import re
+from dataclasses import asdict, dataclass, fields
 from typing import Any
+
+from . import UsageError
+
+ARCH = re.compile(r"sm_\d{2,3}a?")  # what an architecture name looks like: sm_90, sm_90a
+
+
+class DeviceError(UsageError):
+    """A device record read back from a storage or a file is not one this version can use."""
 
 
 @dataclass(frozen=True)
@@ -21,3 +30,24 @@ class DeviceInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "device") -> "DeviceInfo":
+        """A device record read back (a trial's, a recording's), every field checked: names are one
+        line of printable text, the architecture is ``sm_XY`` or ``sm_XYa``, counts are positive
+        integers. Fields this version does not know are left out."""
+        if not isinstance(d, dict) or not isinstance(d.get("name"), str):
+            raise DeviceError(f"{where}: expected an object with at least a name")
+        out: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in d:
+                continue
+            v = d[f.name]
+            if f.type == "int" and not (isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2 ** 40):
+                raise DeviceError(f"{where}: {f.name} = {str(v)[:40]!r}: accepted: a positive integer")
+            if f.type == "str" and not (isinstance(v, str) and v.isprintable() and len(v) <= 255):
+                raise DeviceError(f"{where}: {f.name} = {str(v)[:40]!r}: accepted: one line of printable text")
+            out[f.name] = v
+        if not ARCH.fullmatch(out.get("arch", "sm_90")):
+            raise DeviceError(f"{where}: arch = {out['arch'][:40]!r}: accepted: sm_XY or sm_XYa (e.g. sm_90)")
+        return cls(**out)

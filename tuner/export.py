@@ -9,16 +9,17 @@ export byte-identical files.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from . import UsageError, __version__
 from .backends.base import FAIL_REASONS
-from .config import GLOBAL_DEFAULTS, GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config
-from .store import check_exists, open_optuna_storage
+from .config import GLOBAL_DEFAULTS, GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, ConfigError
+from .store import open_optuna_storage
 from .study import summarize
-from .trials import final_heat
-from .workloads import get_workload
+from .trials import final_heat, trial_config
+from .workloads import WorkloadError, get_workload
 
 SCHEMA_VERSION = 1
 FORMATS = ("json", "header", "recording")
@@ -29,8 +30,7 @@ def collect(storage: str, workload: str) -> list[dict[str, Any]]:
     import optuna  # noqa: PLC0415 - slow import
 
     wl = get_workload(workload)
-    check_exists(storage)
-    rdb = open_optuna_storage(storage)
+    rdb = open_optuna_storage(storage, read_only=True)
     rows = []
     summaries = optuna.get_all_study_summaries(rdb, include_best_trial=False)
     alone: dict[tuple[str, str], int] = {}  # (chain label, device) -> trials of its stages timed alone
@@ -45,11 +45,13 @@ def collect(storage: str, workload: str) -> list[dict[str, Any]]:
         trials = optuna.load_study(study_name=s.study_name, storage=rdb).get_trials(deepcopy=False)
         summ = summarize(trials)
         best = summ.best
+        chain = _study_chain(attrs, s.study_name)
+        config = None if best is None else _checked_config(best, len(chain.stages), s.study_name)
         rows.append({
-            "study": s.study_name,
+            "study": _printable(s.study_name, "name", s.study_name),
             "label": attrs.get("label", ""),
-            "device": attrs.get("device", ""),
-            "size": attrs.get("size", {}),
+            "device": _printable(attrs.get("device", ""), "device", s.study_name),
+            "size": chain.size_dict,
             "replayed": bool(attrs.get("replayed", False)),
             "synthetic": bool(attrs.get("synthetic", False)),
             "graphs": bool(attrs.get("graphs", False)),  # timed as CUDA graph replays
@@ -58,9 +60,9 @@ def collect(storage: str, workload: str) -> list[dict[str, Any]]:
             "failures": {r: summ.failures.get(r, 0) for r in FAIL_REASONS},
             "refused": summ.rejected,  # of the constraint failures: suggestions refused before measuring
             "best": None if best is None else {
-                "params": dict(sorted(best.params.items())),
-                "config": best.user_attrs.get("config"),
-                "short": _short(best),
+                "params": dict(sorted(config.params().items())) if config is not None else {},
+                "config": config.to_dict() if config is not None else None,
+                "short": config.short() if config is not None else "",
                 "median_us": best.value,
                 "error": best.user_attrs.get("error"),
                 # The seconds of its own runs each final timing followed (study --sustained); 0: after idle.
@@ -95,9 +97,35 @@ def one_per_size(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
     return [r for r in rows if id(r) in chosen], left
 
 
-def _short(trial: Any) -> str:
-    cfg = trial.user_attrs.get("config")
-    return Config.from_dict(cfg).short() if cfg else ""
+def _printable(text: Any, what: str, study: str) -> str:
+    """A stored name (a device's, a study's), refused unless it is one line of printable text: it
+    goes into file names, C++ strings and comments."""
+    if not isinstance(text, str) or not text.isprintable() or len(text) > 1024:
+        shown = repr(text) if len(repr(text)) <= 40 else repr(text)[:37] + "..."
+        raise ConfigError(f"study {study[:80]!r}: {what} {shown}: accepted: one line of printable text")
+    return text
+
+
+def _study_chain(attrs: dict[str, Any], study: str) -> Any:
+    """The chain a stored study tunes, from its workload and size, checked as a command line's are."""
+    size = attrs.get("size")
+    try:
+        if not isinstance(size, dict):
+            raise WorkloadError(f"size {size!r} is not a table of sizes")
+        return get_workload(str(attrs.get("workload"))).chain(**size)
+    except (WorkloadError, TypeError) as exc:
+        raise ConfigError(f"study {study!r}: its size is not one this version can run: {exc}") from None
+
+
+def _checked_config(trial: Any, n_stages: int, study: str) -> Config | None:
+    """The best trial's config, read from its parameters and checked (:func:`trial_config`); what
+    the trial says of itself in its attributes must agree."""
+    config = trial_config(trial, n_stages, study)
+    said = trial.user_attrs.get("config")
+    if said is not None and config is not None and Config.from_dict(said, f"study {study!r}, trial "
+                                                                          f"{trial.number}") != config:
+        raise ConfigError(f"study {study!r}, trial {trial.number}: its stored config and its parameters disagree")
+    return config
 
 
 def document(storage: str, workload: str) -> dict[str, Any]:
@@ -118,7 +146,18 @@ def _cpp_name(workload: str) -> str:
 
 
 def _num(x: float | None) -> str:
-    return "0.0" if x is None else repr(float(x))
+    return "0.0" if x is None or not math.isfinite(float(x)) else repr(float(x))
+
+
+def _cpp_str(text: str) -> str:
+    """A C++ string literal of ``text``: printable ASCII as it is (quotes and backslashes escaped),
+    every other byte of its UTF-8 in octal."""
+    out = []
+    for b in text.encode():
+        c = chr(b)
+        out.append("\\" + c if c in '"\\' else c if 32 <= b < 127 else f"\\{b:03o}")
+    return '"' + "".join(out) + '"'
+
 
 
 def to_header(doc: dict[str, Any]) -> str:
@@ -139,9 +178,9 @@ def to_header(doc: dict[str, Any]) -> str:
     entries = []
     for r in rows:
         cfg = r["best"]["config"]
-        vals = [json.dumps(r["device"])] + [str(r["size"].get(p, 0)) for p in wl.params]
-        vals += [json.dumps(cfg.get(k, GLOBAL_DEFAULTS.get(k))) for k in GLOBAL_FIELDS]
-        vals += ["{" + ", ".join(json.dumps(v) if f in TILE_CHOICES else str(v)
+        vals = [_cpp_str(r["device"])] + [str(r["size"].get(p, 0)) for p in wl.params]
+        vals += [_cpp_str(cfg.get(k, GLOBAL_DEFAULTS.get(k))) for k in GLOBAL_FIELDS]
+        vals += ["{" + ", ".join(_cpp_str(v) if f in TILE_CHOICES else str(v)
                                  for t in cfg["tiles"] for v in [t.get(f, TILE_DEFAULTS.get(f))]) + "}"
                  for f in TILE_FIELDS]
         vals += [_num(r["best"]["median_us"]), _num(r["baseline_us"]), _num(r["speedup"]),
@@ -182,27 +221,35 @@ def recording(storage: str, workload: str, command: str) -> str:
     from .store import MeasurementStore  # noqa: PLC0415
 
     wl = get_workload(workload)
-    check_exists(storage)
-    rdb = open_optuna_storage(storage)
-    devices: dict[str, dict[str, Any]] = {}
+    rdb = open_optuna_storage(storage, read_only=True)
+    devices: dict[str, DeviceInfo] = {}
     labels: set[str] = set()
+    replayed = 0
     for s in optuna.get_all_study_summaries(rdb, include_best_trial=False):
         attrs = s.user_attrs
-        if attrs.get("workload") != wl.name or attrs.get("replayed"):
+        if attrs.get("workload") != wl.name:
             continue
-        chain = wl.chain(**attrs["size"])
+        if attrs.get("replayed"):
+            replayed += 1
+            continue
+        chain = _study_chain(attrs, s.study_name)
         labels |= {chain.label, *(chain.alone(j).label for j in range(len(chain.stages)))}
         for t in optuna.load_study(study_name=s.study_name, storage=rdb).get_trials(deepcopy=False):
             if isinstance(t.user_attrs.get("device"), dict):
-                devices.setdefault(t.user_attrs["device"]["name"], t.user_attrs["device"])
+                d = DeviceInfo.from_dict(t.user_attrs["device"], f"study {s.study_name!r}, trial {t.number}: device")
+                devices.setdefault(d.name, d)
                 break
+    if not devices and replayed:
+        raise UsageError(f"the {replayed} {workload} studies in {storage} replay recorded measurements, and a "
+                         "recording holds GPU measurements only: the recordings they replay (--replay-file, by "
+                         "default studies/*.measurements.json) are already the recording; accepted: a storage "
+                         "that a study on a GPU wrote")
     if len(devices) != 1:
         found = ", ".join(sorted(devices)) or "none"
         raise UsageError(f"a recording holds one device's measurements; {storage} holds {workload} "
                          f"measured on: {found}")
-    (info,) = devices.values()
-    device = DeviceInfo(**{k: v for k, v in info.items() if k in DeviceInfo.__dataclass_fields__})
-    store = MeasurementStore(storage, writable=False)
+    (device,) = devices.values()
+    store = MeasurementStore(storage, read_only=True)
     try:
         records = store.records(device, sorted(labels))
     finally:

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 import jinja2
 
 from .device import DeviceInfo
-from .config import Config, StageGrid, StageTiles
+from .config import Config, ConfigError, StageGrid, StageTiles
 from .expr import Expr
 from .tiling import (PRODUCER_REGS, SPLIT_BEGIN, TAIL, TAIL_GAINS, TAIL_PARTS, TAIL_SPLIT,
                      whole_clusters, whole_groups)
@@ -223,13 +223,20 @@ def grid_cap(g: StageGrid, sms: int) -> int:
 
 def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool = False,
            sms: int = DeviceInfo.sms) -> Rendered:
-    """Render ``config`` for ``chain``; the config is trusted to satisfy the space's constraints.
+    """Render ``config`` for ``chain``; the config is trusted to satisfy the space's constraints,
+    but every field is checked for its type and accepted values first (:meth:`Config.check`), so
+    no text that is not one of the names the templates know ever reaches the source.
 
     With ``device_epoch`` the kernels number their runs themselves (a counter per kernel in the
     state) and ignore the epoch argument, so a CUDA graph can replay the chain as captured.
     ``sms``: the device's SMs, which size the grid of a persistent stage."""
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}")
+    config.check(f"{chain.label}: config")
+    if len(config.tiles) != len(chain.stages):
+        raise ConfigError(f"{chain.label}: config tiles {len(config.tiles)} stages; the chain has {len(chain.stages)}")
+    if not isinstance(sms, int) or isinstance(sms, bool) or not 0 < sms < 4096:
+        raise ConfigError(f"{chain.label}: {sms!r} SMs: accepted: a positive integer")
     grids = config.grids(chain)
     policy = POLICIES[config.policy]
     order = ORDERS[config.order]

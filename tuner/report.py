@@ -105,6 +105,24 @@ def best_pytorch(us: dict[str, float]) -> float | None:
     return min((v for k, v in us.items() if k.startswith("torch")), default=None)
 
 
+def recorded_library(backend: Any) -> dict[tuple[str, str], float]:
+    """PyTorch's best chain per (chain label, device), as the bench runs that made a replay
+    backend's recordings timed it in the same process (each ``<name>.bench.json`` beside its
+    ``<name>.measurements.json``); empty for a measuring backend, which times no library here."""
+    out: dict[tuple[str, str], float] = {}
+    for rec in getattr(backend, "recordings", []):
+        summary = rec.path.with_name(rec.path.name.replace(".measurements.json", ".bench.json"))
+        try:
+            doc = json.loads(summary.read_text())
+        except (OSError, ValueError):
+            continue
+        for row in doc.get("rows", []) if isinstance(doc, dict) else []:
+            us = best_pytorch(row.get("baselines_us") or {}) if isinstance(row, dict) else None
+            if us is not None:
+                out.setdefault((str(row.get("label")), rec.device.name), us)
+    return out
+
+
 def over_stream(row: dict[str, Any], kind: str) -> float | None:
     """Our stream-sync chain's time over our best chain of another kind of sync (``tile``, ``pdl``)
     in a bench row: above 1, that kind is faster; None where either is missing."""

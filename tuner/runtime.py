@@ -30,6 +30,32 @@ class RuntimeArgumentError(UsageError):
     """An argument a tuned chain cannot take."""
 
 
+class BundleError(UsageError):
+    """A bundle's files are not what :mod:`tuner.bundle` writes."""
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """One entry's manifest, checked before anything of it is used: its config and chain are ones
+    this version can run, and the files it names are plain names inside ``folder``."""
+    from .config import Config  # noqa: PLC0415
+
+    path = folder / "manifest.json"
+    try:
+        m = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"{path}: cannot be read as JSON: {getattr(exc, 'strerror', None) or exc}") from None
+    if not isinstance(m, dict) or not isinstance(m.get("files"), dict) or not isinstance(m.get("size"), dict):
+        raise BundleError(f"{path}: not a bundle manifest (python -m tuner export WORKLOAD --format bundle writes them)")
+    chain = get_workload(str(m.get("workload"))).chain(**m["size"])
+    config = Config.from_dict(m.get("config"), str(path))
+    if len(config.tiles) != len(chain.stages):
+        raise BundleError(f"{path}: its config tiles {len(config.tiles)} stages, its chain has {len(chain.stages)}")
+    for key, name in m["files"].items():
+        if not isinstance(name, str) or Path(name).name != name or name.startswith("."):
+            raise BundleError(f"{path}: files.{key} = {str(name)[:40]!r}: accepted: a file name inside {folder}")
+    return m
+
+
 @dataclass(frozen=True)
 class ArrayInfo:
     """What the checks read from an argument, without touching the GPU."""
@@ -136,7 +162,7 @@ class TunedChain:
         from .render import Launch, device_grid  # noqa: PLC0415
 
         self.folder = folder
-        self.entry = json.loads((folder / "manifest.json").read_text())
+        self.entry = read_manifest(folder)
         self.module = cp.RawModule(path=str(folder / self.entry["files"]["cubin"]))
         # A persistent stage's grid follows this device's SMs, not those of the device it was tuned on.
         sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["multiProcessorCount"]
@@ -183,6 +209,13 @@ class TunedChain:
         return self.ys[-1]
 
 
+def _inside(rel: Any, root: Path) -> str:
+    """An entry's folder, relative to the bundle: refused where it would lead out of it."""
+    if not isinstance(rel, str) or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        raise BundleError(f"{root / 'index.json'}: entry path {str(rel)[:40]!r}: accepted: a folder inside {root}")
+    return rel
+
+
 class Runtime:
     """The entries of a bundle; ``runtime(x, *weights)`` runs the one tuned for ``x``."""
 
@@ -190,17 +223,20 @@ class Runtime:
         path = Path(path)
         if (path / "index.json").is_file():
             self.root = path
-            self.index = json.loads((path / "index.json").read_text())
-            folders = [path / e["path"] for e in self.index["entries"]]
+            try:
+                self.index = json.loads((path / "index.json").read_text())
+                folders = [path / _inside(e["path"], path) for e in self.index["entries"]]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise BundleError(f"{path / 'index.json'}: not a bundle index: {exc}") from None
         elif (path / "manifest.json").is_file():
             self.root = path
-            m = json.loads((path / "manifest.json").read_text())
+            m = read_manifest(path)
             self.index = {"workload": m["workload"], "sweep": get_workload(m["workload"]).sweep_param, "entries": []}
             folders = [path]
         else:
             raise UsageError(f"{path}: no index.json or manifest.json; accepted: a folder written by "
                              "python -m tuner export WORKLOAD --format bundle")
-        self.manifests = [json.loads((f / "manifest.json").read_text()) | {"_folder": str(f)} for f in folders]
+        self.manifests = [read_manifest(f) | {"_folder": str(f)} for f in folders]
         self._loaded: dict[str, TunedChain] = {}
         self._answers: dict[tuple, tuple[dict[str, Any], bool]] = {}  # see entry_for
 

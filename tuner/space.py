@@ -12,13 +12,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from . import UsageError
-from .config import GLOBAL_DEFAULTS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS
+from .config import GLOBAL_CHOICES, GLOBAL_DEFAULTS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS
 from .constraints import Limits
 from .device import DeviceInfo
 from .feasible import FeasibleSet
-from .prefetch import PREFETCHES
-from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES
-from .tiling import TILE_SWITCHES, fitted_heights
+from .tiling import TILE_LIMITS, TILE_SWITCHES, fitted_heights
 from .tomlfile import did_you_mean, read_toml
 from .workloads import Chain
 
@@ -27,13 +25,6 @@ class SpaceError(UsageError):
     """A search space file is malformed, or leaves nothing feasible."""
 
 
-GLOBAL_CHOICES: dict[str, tuple[str, ...]] = {
-    "policy": tuple(POLICIES),
-    "order": tuple(ORDERS),
-    "dispatch": tuple(DISPATCHES),
-    "launch": tuple(LAUNCHES),
-    "prefetch": PREFETCHES,
-}
 # What a space file that leaves a key out searches: every value, but a field with a default
 # (one added later, opt-in) only that.
 DEFAULT_GLOBALS: dict[str, tuple[str, ...]] = {**GLOBAL_CHOICES, **{f: (v,) for f, v in GLOBAL_DEFAULTS.items()}}
@@ -116,7 +107,11 @@ def _tile_list(value: Any, where: str, key: str, source: str) -> tuple[Any, ...]
         return _choice_list(value, where, TILE_CHOICES[key], source)
     if key in TILE_SWITCHES:
         return _switch_list(value, where, key, source)
-    return _int_list(value, where, source)
+    items = _int_list(value, where, source)
+    least, most = TILE_LIMITS[key]
+    if not all(least <= v <= most for v in items):
+        raise SpaceError(f"{source}: {where} = {value!r}: accepted: integers from {least} to {most}")
+    return items
 
 
 def _unknown(key: str, where: str, valid: Sequence[str], source: str) -> SpaceError:

@@ -12,6 +12,7 @@ import json
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
@@ -86,23 +87,40 @@ def check_exists(url: str) -> None:
 SQLITE_BUSY_S = 60.0
 
 
-def _connect_args(url: str) -> dict[str, Any]:
-    if url.startswith(("postgresql", "mysql")):
-        return {"connect_timeout": 10}  # a server that does not answer is an error within seconds
+def _connect_args(url: str, read_only: bool = False) -> dict[str, Any]:
+    if url.startswith("postgresql"):
+        # A server that does not answer is an error within seconds; a reading command's session
+        # cannot write, whatever a bug or a library (Optuna's table creation) would ask of it.
+        return {"connect_timeout": 10, **({"options": "-c default_transaction_read_only=on"} if read_only else {})}
+    if url.startswith("mysql"):
+        return {"connect_timeout": 10}
     if url.startswith("sqlite"):
         return {"timeout": SQLITE_BUSY_S}
     return {}
 
 
-def _engine(url: str) -> sa.Engine:
+def read_only_url(url: str) -> str:
+    """``url`` opened so that nothing can write to it: an SQLite file in SQLite's read-only mode
+    (``mode=ro``), and immutable (no lock files made) while no writer has a journal open beside it,
+    so a reading command leaves the directory as it found it. Other URLs are returned as they are
+    (a PostgreSQL session is made read-only by :func:`_connect_args`)."""
+    path = sqlite_path(url)
+    if path is None:
+        return url
+    live = any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-journal"))
+    return f"sqlite:///file:{quote(str(path.resolve()))}?mode=ro{'' if live else '&immutable=1'}&uri=true"
+
+
+def _engine(url: str, read_only: bool = False) -> sa.Engine:
     try:
-        engine = sa.create_engine(driver_url(url), connect_args=_connect_args(url))
+        engine = sa.create_engine(driver_url(read_only_url(url) if read_only else url),
+                                  connect_args=_connect_args(url, read_only))
     except (sa.exc.ArgumentError, ValueError) as exc:
         raise StorageError(f"storage URL {url!r} is not valid: {exc}; {_accepted()}") from None
     except ImportError as exc:
         raise StorageError(f"storage URL {url!r} needs a database driver that is not installed ({exc}); "
                            f"{_accepted()}, and for PostgreSQL: pip install -e '.[postgresql]'") from None
-    if sqlite_path(url) is not None:
+    if sqlite_path(url) is not None and not read_only:
         # Readers do not block the writer, nor it them (the mode is kept in the file).
         try:
             with engine.connect() as conn:
@@ -130,15 +148,37 @@ def _retry_race(make: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
-def open_optuna_storage(url: str):
-    """Optuna's RDB storage for ``url``, with a one-line error when it cannot be opened."""
+def open_optuna_storage(url: str, *, read_only: bool = False):
+    """Optuna's RDB storage for ``url``, with a one-line error when it cannot be opened.
+
+    ``read_only``, for the commands that only read: the database is opened so that nothing can
+    write to it (:func:`read_only_url`), Optuna creates no tables, and a database without them
+    (empty, or another program's) is a :class:`StorageError` saying it holds no study."""
     import optuna  # noqa: PLC0415 - slow import, only for commands that touch studies
 
+    if read_only:
+        check_exists(url)
+        if not has_studies(url):
+            raise StorageError(f"storage {url} holds no study (no tuner tables in it); run python -m tuner study "
+                               "first, or pass --storage with the URL the studies were written to")
+    target = driver_url(read_only_url(url) if read_only else url)
     try:
-        return _retry_race(lambda: optuna.storages.RDBStorage(driver_url(url),
-                                                              engine_kwargs={"connect_args": _connect_args(url)}))
+        return _retry_race(lambda: optuna.storages.RDBStorage(
+            target, engine_kwargs={"connect_args": _connect_args(url, read_only)},
+            skip_compatibility_check=read_only, skip_table_creation=read_only))
     except (sa.exc.SQLAlchemyError, ImportError, ValueError, RuntimeError) as exc:
         raise StorageError(f"cannot open storage {url}: {_first_line(exc)}; {_accepted()}") from None
+
+
+def has_studies(url: str) -> bool:
+    """Whether the database at ``url`` has Optuna's study table, asked without writing to it."""
+    engine = _engine(url, read_only=True)
+    try:
+        return sa.inspect(engine).has_table("studies")
+    except sa.exc.SQLAlchemyError as exc:
+        raise StorageError(f"cannot read storage {url}: {_first_line(exc)}; {_accepted()}") from None
+    finally:
+        engine.dispose()
 
 
 def _first_line(exc: BaseException) -> str:
@@ -147,14 +187,19 @@ def _first_line(exc: BaseException) -> str:
 
 
 class MeasurementStore:
-    """The measurement cache in the database at ``url``."""
+    """The measurement cache in the database at ``url``; with ``read_only``, opened so that nothing
+    can write to it (:func:`read_only_url`), and a database without the table reads as empty."""
 
-    def __init__(self, url: str, *, writable: bool = True):
+    def __init__(self, url: str, *, read_only: bool = False):
         self.url = url
-        self.engine = _engine(url)
+        self.engine = _engine(url, read_only=read_only)
+        self.read_only = read_only
         try:
-            _create_tables(self.engine)
-            if writable:
+            if read_only:
+                self._empty = not sa.inspect(self.engine).has_table(TABLE)
+            else:
+                self._empty = False
+                _create_tables(self.engine)
                 self._check_writable()
         except sa.exc.SQLAlchemyError as exc:
             raise StorageError(f"cannot use storage {url}: {_first_line(exc)}; {_accepted()}") from None
@@ -177,6 +222,8 @@ class MeasurementStore:
         ``replayed`` must be the asking backend's flag: replayed rows go to replay
         backends only. Without ``source_hash`` any source hash matches.
         """
+        if self._empty:
+            return None
         t = measurements.c
         q = (sa.select(t.measurement).where(t.device == device.name, t.toolkit == device.toolkit, t.label == label,
                                             t.config == self._key(config), t.replayed == replayed)
@@ -197,6 +244,8 @@ class MeasurementStore:
     def records(self, device: DeviceInfo, labels: Iterable[str]) -> list[dict[str, Any]]:
         """Every measured (not replayed) outcome on ``device`` for the chains ``labels``, the newest per
         label and config, as recording records (see :func:`tuner.backends.replay.write_recording`)."""
+        if self._empty:
+            return []
         t = measurements.c
         q = (sa.select(t.label, t.config, t.measurement)
              .where(t.device == device.name, t.toolkit == device.toolkit, t.label.in_(list(labels)),
@@ -209,6 +258,8 @@ class MeasurementStore:
         return list(newest.values())
 
     def count(self) -> int:
+        if self._empty:
+            return 0
         with self.engine.connect() as conn:
             return conn.execute(sa.select(sa.func.count()).select_from(measurements)).scalar_one()
 
@@ -234,11 +285,12 @@ class ClaimBoard:
     A claim is a row keyed by (scope, item), unique in the database, so of two workers that
     ask for the same item exactly one gets it, on SQLite and on a server alike. Its owner's
     heartbeat (every ``beat_s``, from a thread) keeps it alive; a claim not done whose heartbeat
-    is older than ``grace_s`` belonged to a dead worker and is taken over by the next who asks.
-    A done claim is never taken again.
+    is older than ``grace_s`` belonged to a dead worker and is taken over by the next who asks,
+    and so is one of a worker on this host whose process is gone (a study resumed after kill -9
+    takes its own dead claims over at once). A done claim is never taken again.
     """
 
-    def __init__(self, url: str, *, beat_s: float = 5.0, grace_s: float = 60.0):
+    def __init__(self, url: str, *, beat_s: float = 2.0, grace_s: float = 10.0):
         import os  # noqa: PLC0415
         import socket  # noqa: PLC0415
         import threading  # noqa: PLC0415
@@ -246,16 +298,33 @@ class ClaimBoard:
 
         self.engine = _engine(url)
         _create_tables(self.engine, [claims])
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.host = socket.gethostname()
+        self.owner = f"{self.host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.beat_s, self.grace_s = beat_s, grace_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat_loop, name="tuner-heartbeat", daemon=True)
         self._thread.start()
 
     def _now(self) -> float:
-        import time  # noqa: PLC0415
-
         return time.time()
+
+    def _gone(self, owner: str) -> bool:
+        """Whether ``owner`` was a process of this host that is no longer running."""
+        import os  # noqa: PLC0415
+
+        parts = owner.rsplit(":", 2)
+        if len(parts) != 3 or parts[0] != self.host or not parts[1].isdigit() or owner == self.owner:
+            return False
+        try:
+            os.kill(int(parts[1]), 0)
+        except ProcessLookupError:
+            return True
+        except (PermissionError, OverflowError, OSError):
+            return False  # running under another user, or not a pid: let its heartbeat decide
+        return False
+
+    def _stale(self, owner: str, beat: float, now: float) -> bool:
+        return beat < now - self.grace_s or self._gone(owner)
 
     def take(self, scope: str, item: str) -> bool:
         """Claim ``item`` of ``scope`` for this worker: True when it is ours (new, already ours, or
@@ -276,7 +345,7 @@ class ClaimBoard:
                 return False
             if row.owner == self.owner:
                 return True
-            if row.beat >= now - self.grace_s:
+            if not self._stale(row.owner, row.beat, now):
                 return False
             # Compare and swap: of two workers taking over the same dead claim, one wins.
             got = conn.execute(claims.update().where(c.scope == scope, c.item == item, c.owner == row.owner,
@@ -307,18 +376,19 @@ class ClaimBoard:
     def open_items(self, scope: str, items: Iterable[str]) -> list[str]:
         """Those of ``items`` (in their order) that are unclaimed or held by a dead worker."""
         c = claims.c
-        stale = self._now() - self.grace_s
+        now = self._now()
         with self.engine.connect() as conn:
-            held = {row.item for row in conn.execute(sa.select(c.item, c.beat, c.done).where(c.scope == scope))
-                    if row.done or row.beat >= stale}
+            held = {row.item for row in conn.execute(sa.select(c.item, c.owner, c.beat, c.done)
+                                                     .where(c.scope == scope))
+                    if row.done or not self._stale(row.owner, row.beat, now)}
         return [i for i in items if i not in held]
 
-    def holder(self, scope: str, item: str) -> tuple[str, bool] | None:
-        """(owner, done) of the claim, or None when nobody holds it."""
+    def holder(self, scope: str, item: str) -> tuple[str, bool, float] | None:
+        """(owner, done, seconds since its last heartbeat) of the claim, or None when nobody holds it."""
         c = claims.c
         with self.engine.connect() as conn:
-            row = conn.execute(sa.select(c.owner, c.done).where(c.scope == scope, c.item == item)).first()
-        return None if row is None else (row.owner, bool(row.done))
+            row = conn.execute(sa.select(c.owner, c.done, c.beat).where(c.scope == scope, c.item == item)).first()
+        return None if row is None else (row.owner, bool(row.done), max(0.0, self._now() - row.beat))
 
     def _beat_loop(self) -> None:
         c = claims.c

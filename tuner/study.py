@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from . import UsageError, __version__
 from .backends.base import Backend
-from .config import GLOBAL_FIELDS, TILE_FIELDS, Config
+from .config import GLOBAL_FIELDS, TILE_FIELDS, Config, ConfigError
 from .paths import home
 from .feasible import FeasibleSet
 from .space import SearchSpace
@@ -43,7 +43,8 @@ STUDY_KEYS = ("workload", "sizes", "space", "strategy", "seed", "trials", "timeo
 DEFAULT_TRIALS = {"staged": 400}
 
 Checker = Callable[[Chain, Config], "str | None"]
-CLAIM_GRACE_S = 60.0  # a worker silent this long is taken for dead: its claims go to the others
+CLAIM_GRACE_S = 10.0  # a worker silent this long is taken for dead: its claims go to the others
+WAIT_NOTE_S = 5.0  # while a worker waits on another's claims, a line says so this often
 PROGRESS_S = 30.0  # without a terminal (a log, a worker of --gpus), a progress line this often
 POLL_S = 0.2  # how often a worker looks for the trials of configs another worker is measuring
 
@@ -110,7 +111,10 @@ def parse_study(data: Mapping[str, Any], source: str, beside: Path | None = None
         items = value if isinstance(value, list) else [value]
         if not items:
             raise StudyError(f"{source}: sizes.{key} is empty; accepted: a positive integer or a list of them")
-        sizes[key] = tuple(_positive_int(v, f"{source}: sizes.{key}", wl.size_param(key).least) for v in items)
+        try:
+            sizes[key] = tuple(wl.size_param(key).check(v, wl.name) for v in items)
+        except WorkloadError as exc:
+            raise StudyError(f"{source}: sizes.{key}: {exc}") from None
     if sizes and wl.sweep_param not in sizes:
         sizes[wl.sweep_param] = wl.sweep
     strategy = data.get("strategy", DEFAULT_STRATEGY)
@@ -268,7 +272,7 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
     strat = make_strategy(strategy)
     store = MeasurementStore(storage)
     rdb = open_optuna_storage(storage)
-    board = ClaimBoard(storage, beat_s=min(5.0, claim_grace_s / 4), grace_s=claim_grace_s)
+    board = ClaimBoard(storage, beat_s=min(2.0, claim_grace_s / 4), grace_s=claim_grace_s)
     common = {"workload": chain.workload, "size": chain.size_dict, "label": chain.label, "device": device.name,
               "backend": backend.name, "replayed": backend.replayed,
               "synthetic": bool(getattr(backend, "synthetic", False)), "graphs": backend.graphs}
@@ -453,10 +457,14 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
                 if log is not None and (bar is None or bar.disable) and time.monotonic() >= next_line:
                     next_line = time.monotonic() + PROGRESS_S
                     log(f"{chain.label}: {outcome.measured}/{trials} trials, {strat.phase()}, {so_far()}")
+            next_note = time.monotonic()
             while theirs and not stopped and outcome.measured < trials:
                 if deadline is not None and time.monotonic() >= deadline:
                     outcome.stop, stopped = "timeout", True
                     break
+                if log is not None and time.monotonic() >= next_note:
+                    next_note = time.monotonic() + WAIT_NOTE_S
+                    log(f"{chain.label}: {_waiting_note([board.holder(*claim_key(batch[i])) for i in theirs], claim_grace_s)}")
                 time.sleep(POLL_S)
                 for b in (book, *stage_books):
                     b.refresh()
@@ -506,6 +514,18 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
     return outcome
 
 
+def _waiting_note(holders: Sequence[tuple[str, bool, float] | None], grace_s: float) -> str:
+    """What a worker waits for: the configs other workers hold, whose, and when they are taken over."""
+    live = [h for h in holders if h is not None and not h[1]]
+    if not live:
+        return f"waiting for the trials of {len(holders)} configs other workers just measured"
+    owner, _, age = max(live, key=lambda h: h[2])
+    owners = len({h[0] for h in live})
+    return (f"waiting for {len(live)} configs that {owners} other worker{'s' if owners > 1 else ''} "
+            f"measure{'' if owners > 1 else 's'} ({owner}, last heartbeat {age:.0f} s ago; taken over "
+            f"{max(0.0, grace_s - age):.0f} s from now if it stays silent)")
+
+
 def _transfer(book: TrialBook, rdb: Any, chain: Chain, device: Any) -> tuple[list[Config], list[list[Any]]]:
     """The nearest sizes' best configs and stage tilings, as this study first saw them.
 
@@ -514,11 +534,12 @@ def _transfer(book: TrialBook, rdb: Any, chain: Chain, device: Any) -> tuple[lis
     """
     saved = book.study.user_attrs.get("transfer")
     if saved is not None:
-        try:
-            return ([Config.from_dict(d) for d in saved["chain"]],
-                    [[Config.from_dict(d).tiles[0] for d in ds] for ds in saved["stages"]])
-        except (KeyError, TypeError, ValueError):
-            pass  # written by another version: ask the storage again
+        where = f"study {book.name!r}, its saved transfer candidates"
+        if not isinstance(saved, dict) or not isinstance(saved.get("chain"), list) \
+                or not isinstance(saved.get("stages"), list) or not all(isinstance(ds, list) for ds in saved["stages"]):
+            raise ConfigError(f"{where}: expected lists of chain and stage configs")
+        return ([Config.from_dict(d, where) for d in saved["chain"]],
+                [[Config.from_dict(d, where).tiles[0] for d in ds] for ds in saved["stages"]])
     near_chain, near_stages = transfer_candidates(rdb, chain, device, graphs=book.study.user_attrs.get("graphs", False))
     book.study.set_user_attr("transfer", {"chain": [c.to_dict() for c in near_chain],
                                           "stages": [[stage_config(t).to_dict() for t in ts] for ts in near_stages]})
@@ -659,6 +680,46 @@ def _show(bar: Any, summary: TrialSummary, tag: str, phase: str) -> None:
     if summary.speedup is not None:
         text += f", {summary.speedup:.2f}x vs stream{tag}"
     bar.set_postfix_str(text)
+
+
+def outcome_table(outcomes: Sequence[StudyOutcome], sweep: str, tag: str = "",
+                  library: Mapping[tuple[str, str], float] | None = None) -> str:
+    """The sizes of one run side by side: the tuned chain against our stream order and, where a
+    bench recorded it, PyTorch's best chain (timed in the process that made the recording)."""
+    library = library or {}
+    head = (sweep, "tuned us", "stream us", "x stream", "PyTorch us", "x PyTorch", "tuned config")
+    rows = [head]
+    for o in outcomes:
+        s = o.summary
+        lib = library.get((o.label, o.device))
+        size = o.label.split("/", 1)[1].split(",")[0].split("=", 1)[1]
+        rows.append((size, _us(s.best_us), _us(s.baseline_us), _x(s.speedup),
+                     _us(lib), _x(lib / s.best_us if lib and s.best_us else None),
+                     trial_config_short(s.best)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.rjust(w) if 0 < i < 6 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+             for r in rows]
+    notes = []
+    if tag:
+        notes.append(f"every time{tag}")
+    if library:
+        notes.append("PyTorch's best: CUDA graph, cuBLASLt's fused epilogue where it applies, as the bench run "
+                     "that made the recording timed it")
+    return "\n".join(lines + ([f"({'; '.join(notes)})"] if notes else []))
+
+
+def _us(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def trial_config_short(trial: Any) -> str:
+    """The short form of a trial's config, read from its checked attributes; "-" where there is none."""
+    cfg = None if trial is None else trial.user_attrs.get("config")
+    return "-" if cfg is None else Config.from_dict(cfg, f"trial {trial.number}").short()
 
 
 def describe(outcome: StudyOutcome, tag: str = "") -> str:

@@ -35,6 +35,11 @@ TILE_SWITCHES: dict[str, dict[int, str]] = {"persist": {0: "off", 1: "persistent
                                                         2: "persistent, last wave split along K"}}
 WARPGROUP_MMAS = ("wgmma", "wgmma_tma", "wgmma_tma_t")
 TMA_MMAS = ("wgmma_tma", "wgmma_tma_t")
+# The counts a tile field may hold at all, whatever a space lists: a value read back from a
+# storage or a file outside these is refused before anything renders it (tuner.config.field_value).
+TILE_LIMITS: dict[str, tuple[int, int]] = {"bm": (1, 4096), "bn": (1, 4096), "bk": (1, 4096), "wm": (1, 64),
+                                           "wn": (1, 64), "stages": (1, 64), "split_k": (1, 4096),
+                                           "cm": (1, 16), "cn": (1, 16)}
 TILE_DEFAULTS: dict[str, Any] = {"split_k": 1, "mma": "sync", "cm": 1, "cn": 1, "persist": 0}  # what records made before a field existed mean
 # Tile fields that a config's JSON form leaves out at their default, so that configs recorded
 # before the field existed keep their form (and storage key).

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 from . import UsageError
 from .backends.base import FAIL_REASONS, DeviceInfo, Measurement
-from .config import Config
+from .config import Config, ConfigError
 from .tiling import refitted
 from .workloads import Chain, get_workload
 
@@ -45,14 +45,14 @@ def stage_study_name(chain: Chain, j: int, device: DeviceInfo | str, graphs: boo
     return f"{chain.label}/{chain.stages[j].name}/{name}" + (GRAPHS_SUFFIX if graphs else "")
 
 
-def trial_config(trial: Any, n_stages: int) -> Config | None:
-    """The config a trial was given (its params, or the fixed params of a queued trial)."""
-    for params in (trial.params, trial.system_attrs.get("fixed_params", {})):
-        try:
-            return Config.from_params(params, n_stages)
-        except (KeyError, TypeError, ValueError):
-            continue
-    return None
+def trial_config(trial: Any, n_stages: int, study: str = "a study") -> Config | None:
+    """The config a trial was given (its params, or the fixed params of a queued trial), every value
+    checked (:meth:`Config.from_params`); None for a trial given none. A stored value this version
+    cannot run (edited in the database, say) is a :class:`ConfigError` naming ``study`` and the trial."""
+    params = trial.params or trial.system_attrs.get("fixed_params") or {}
+    if not params:
+        return None
+    return Config.from_params(params, n_stages, where=f"study {study!r}, trial {trial.number}")
 
 
 def is_stream(trial: Any) -> bool:
@@ -203,10 +203,23 @@ class TrialBook:
                 continue
             self._seen.add(t.number)
             self.summary.add(t)
-            if decided(t) and (c := trial_config(t, self.n_stages)) is not None:
+            c = self.config_of(t)
+            if decided(t) and c is not None:
                 self.known[c] = (t.value, t.user_attrs.get("reason"))
             if is_final(t):
-                self.finals.add((trial_config(t, self.n_stages), t.user_attrs.get("final_set"), final_heat(t)))
+                self.finals.add((c, t.user_attrs.get("final_set"), final_heat(t)))
+
+    def config_of(self, trial: Any) -> Config | None:
+        """A trial's config, checked as :func:`trial_config` checks it and against this study's
+        space: a value outside the choices the study was run with is refused the same way."""
+        c = trial_config(trial, self.n_stages, self.name)
+        for param, value in (trial.params or {}).items():
+            dist = self.dists.get(param)
+            if dist is None or value not in dist.choices:
+                shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+                raise ConfigError(f"study {self.name!r}, trial {trial.number}: {param} = {shown} is not in the "
+                                  "search space it was run with; accepted: a value the space lists")
+        return c
 
     @property
     def scope(self) -> str:
@@ -290,7 +303,7 @@ def transfer_candidates(rdb: Any, chain: Chain, device: DeviceInfo, per_study: i
         trials = optuna.load_study(study_name=name, storage=rdb).get_trials(deepcopy=False,
                                                                            states=(TrialState.COMPLETE,))
         trials = sorted((t for t in trials if t.user_attrs.get("measured")), key=lambda t: t.value)
-        out = [c for t in trials[:per_study] if (c := trial_config(t, n_stages)) is not None]
+        out = [c for t in trials[:per_study] if (c := trial_config(t, n_stages, name)) is not None]
         return out
 
     # A pick of another size comes as picked, and first with its tile heights refitted to this

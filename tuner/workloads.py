@@ -65,6 +65,29 @@ class SizeParam:
     doc: str
     multiple_of: int = 1  # e.g. 8 for a width read in 16-byte pieces of halves
     least: int = 1  # the smallest accepted value (0 for a KV cache that may be empty)
+    most: int = 65536  # the largest accepted value
+
+    @property
+    def accepted(self) -> str:
+        """The values it accepts, in words, the same in every error, ``--help`` and the README."""
+        step = f" multiple of {self.multiple_of}" if self.multiple_of > 1 else "n integer"
+        return f"a{step} from {max(self.least, self.multiple_of if self.least else 0)} to {self.most}"
+
+    def check(self, value: Any, workload: str) -> int:
+        """``value`` if this size accepts it, else a :class:`WorkloadError` saying what it accepts."""
+        if not isinstance(value, int) or isinstance(value, bool) or not self.least <= value <= self.most \
+                or value % self.multiple_of:
+            near = ""
+            if isinstance(value, int) and self.least <= value <= self.most and self.multiple_of > 1:
+                m = self.multiple_of
+                near = " (nearest: " + " or ".join(str(v) for v in (value // m * m, value // m * m + m) if v) + ")"
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise WorkloadError(f"workload {workload}: {flag(self.name)} {shown}: accepted: {self.accepted}{near}")
+        return value
+
+
+# The kernels index each operand with 32-bit integers: no operand may hold this many elements.
+MAX_ELEMENTS = 2 ** 31
 
 
 @dataclass(frozen=True)
@@ -135,16 +158,17 @@ class Workload:
         if self.sweep_param not in full:
             raise WorkloadError(f"workload {self.name}: {flag(self.sweep_param)} is required")
         for key, val in full.items():
-            least = self.size_param(key).least
-            if not isinstance(val, int) or isinstance(val, bool) or val < least:
-                raise WorkloadError(f"workload {self.name}: {flag(key)} {val!r}: accepted: {integer_from(least)}")
-            mult = self.size_param(key).multiple_of
-            if val % mult:
-                near = " or ".join(str(v) for v in (val // mult * mult, val // mult * mult + mult) if v)
-                raise WorkloadError(f"workload {self.name}: {flag(key)} {val}: accepted: a positive multiple of {mult} "
-                                    f"(nearest: {near})")
+            self.size_param(key).check(val, self.name)
         ordered = tuple((k, full[k]) for k in self.params)
-        return Chain(self.name, ordered, self.build(full))
+        chain = Chain(self.name, ordered, self.build(full))
+        for st in chain.stages:
+            for what, elements in (("input", st.a_shape[0] * st.a_shape[1]), ("weight", st.n * st.k),
+                                   ("output", st.m * st.n)):
+                if elements >= MAX_ELEMENTS:
+                    sizes = ", ".join(f"{flag(k)} {v}" for k, v in ordered)
+                    raise WorkloadError(f"workload {self.name} at {sizes}: stage {st.name}'s {what} would hold "
+                                        f"{elements} elements; accepted: fewer than 2^31 (smaller sizes)")
+        return chain
 
 
 def _gpt3_mlp(p: Mapping[str, int]) -> tuple[GemmStage, ...]:
@@ -175,14 +199,15 @@ def _attention_layer(p: Mapping[str, int]) -> tuple[GemmStage | AttentionStage, 
 _POW2_TOKENS = tuple(2 ** i for i in range(13))
 
 # The model widths are the GEMMs' K, read in 16-byte pieces (8 halves) along each row.
-_MLP_SIZES = (SizeParam("tokens", "token counts (the GEMMs' M)"), SizeParam("hidden", "model widths", 8),
-              SizeParam("ffn", "MLP widths (per GPU)", 8))
+_MLP_SIZES = (SizeParam("tokens", "token counts (the GEMMs' M)", most=16384),
+              SizeParam("hidden", "model widths", 8), SizeParam("ffn", "MLP widths (per GPU)", 8))
 
 
-_ATTN_SIZES = (SizeParam("tokens", "new tokens (the queries)"),
-               SizeParam("cache", "tokens already in the KV cache (0: a prompt)", least=0),
-               SizeParam("hidden", "model widths", 8), SizeParam("heads", "query heads (per GPU)"),
-               SizeParam("kv_heads", "key/value heads (per GPU)"), SizeParam("head_dim", "head sizes"))
+_ATTN_SIZES = (SizeParam("tokens", "new tokens (the queries)", most=16384),
+               SizeParam("cache", "tokens already in the KV cache (0: a prompt)", least=0, most=131072),
+               SizeParam("hidden", "model widths", 8), SizeParam("heads", "query heads (per GPU)", most=256),
+               SizeParam("kv_heads", "key/value heads (per GPU)", most=256),
+               SizeParam("head_dim", "head sizes", most=256))
 
 
 # Decode: a few new tokens on a long cache; prompt: the tokens attend to themselves.
@@ -203,9 +228,10 @@ def _layers(*layers: tuple[int, int, int, int]) -> tuple[tuple[Mapping[str, int]
 
 
 # Input channels are read in 16-byte pieces (8 halves) per pixel.
-_CONV_SIZES = (SizeParam("batch", "images per batch"), SizeParam("height", "image heights"),
-               SizeParam("width", "image widths"), SizeParam("channels", "channels (in and out)", 8),
-               SizeParam("depth", "dependent convolutions in the chain"))
+_CONV_SIZES = (SizeParam("batch", "images per batch", most=1024), SizeParam("height", "image heights", most=4096),
+               SizeParam("width", "image widths", most=4096),
+               SizeParam("channels", "channels (in and out)", 8, most=8192),
+               SizeParam("depth", "dependent convolutions in the chain", most=32))
 
 WORKLOADS: dict[str, Workload] = {
     "gpt3": Workload("gpt3", "GPT-3 175B MLP, 8-way tensor parallel: GEMM1+GeLU then GEMM2, fp16",

@@ -76,8 +76,10 @@ def get_backend(name: str = "auto", replay_files: Sequence[str | Path] | None = 
         files = [synthetic_recording()]
         note = " (no recording in studies/ yet)"
     if name == "auto":
-        shown = ", ".join(_shown(p) for p in files)
-        announce(f"no CUDA device visible: replaying recorded measurements from {shown}{note}")
+        # One short line: the files are many, and the first thing a newcomer reads.
+        shown = _shown(files[0]) if len(files) == 1 else f"{len(files)} recordings in {_shown(files[0].parent)}/"
+        announce(f"no CUDA device visible: replaying recorded measurements from {shown}{note} "
+                 "(--replay-file F to choose)")
     return ReplayBackend(files)
 
 

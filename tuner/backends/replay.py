@@ -92,10 +92,7 @@ def recording_text(device: DeviceInfo, records: Iterable[Record | Mapping[str, A
 
 
 def _device_from(d: Any, path: Path) -> DeviceInfo:
-    if not isinstance(d, dict) or "name" not in d:
-        raise ReplayError(f"{path}: 'device' must be an object with at least a name")
-    known = DeviceInfo.__dataclass_fields__
-    return DeviceInfo(**{k: v for k, v in d.items() if k in known})
+    return DeviceInfo.from_dict(d, f"{path}: device")
 
 
 def read_recording(path: str | Path) -> Recording:
@@ -114,7 +111,7 @@ def read_recording(path: str | Path) -> Recording:
     records = []
     for i, r in enumerate(data.get("records", [])):
         try:
-            records.append(Record(str(r["label"]), Config.from_dict(r["config"]),
+            records.append(Record(str(r["label"]), Config.from_dict(r["config"], f"{path}: record {i}"),
                                   Measurement.from_dict(r["measurement"])))
         except (KeyError, TypeError, ValueError) as exc:
             raise ReplayError(f"{path}: record {i} is malformed: {exc}") from None
