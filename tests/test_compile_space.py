@@ -115,7 +115,7 @@ def test_a_last_wave_split_along_k_compiles_without_spills(tmp_path):
 
 
 def three_warpgroup_space(tmp_path):
-    """The shipped llama space opted in to tiles of three MMA warpgroups, as the README says:
+    """The shipped llama space opted in to tiles of three MMA warpgroups, as docs/spaces.md says:
     ``wm`` and ``wn`` with 3, 192 in ``bm``, ``max_threads = 512``."""
     shipped = (home() / "search_spaces" / "llama.toml").read_text()
     opt_in = (shipped.replace("wn = [1, 2, 4]", "wn = [1, 2, 3, 4]").replace("wm = [1, 2, 4]", "wm = [1, 2, 3, 4]")

@@ -24,7 +24,7 @@ CASES = [("gpt3", 256, "gpt3.staged.measurements.json"), ("llama", 320, "llama.m
 # and, for llama, 393 TPE proposals, so random and TPE, which can only draw recorded chains here,
 # draw from a set of mostly good configs and reach 3% in a handful of trials. On the GPU, from an
 # empty database, 100 TPE trials at gpt3 256 tokens ended at 171 us where staged's 400 reach
-# 122.8 (studies/README.md). A fair replay needs a recording that holds a uniform sample of the
+# 122.8 (studies/notes/). A fair replay needs a recording that holds a uniform sample of the
 # whole space as well.
 @pytest.mark.slow
 @pytest.mark.timeout(3600)

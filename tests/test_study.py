@@ -316,7 +316,7 @@ def test_study_file_typo_names_file_and_nearest_key(tmp_path):
     ('workload = "gpt4"', "unknown workload"),
     ('workload = "gpt3"\nstrategy = "bayes"', "staged, tpe, random, grid"),
     ('workload = "gpt3"\nsizes = {tokns = [1]}', "did you mean 'tokens'"),
-    ('workload = "gpt3"\nsizes = {tokens = [0]}', "positive integer"),
+    ('workload = "gpt3"\nsizes = {tokens = [0]}', "an integer from 1 to 16384"),
     ('workload = "gpt3"\ntrials = 0', "positive integer"),
     ('workload = "gpt3"\ntimeout = -1', "positive number"),
 ])

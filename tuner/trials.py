@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
-from . import UsageError
+from . import UsageError, shortlist
 from .backends.base import FAIL_REASONS, DeviceInfo, Measurement
 from .config import Config, ConfigError
 from .tiling import refitted
@@ -50,9 +50,12 @@ def trial_config(trial: Any, n_stages: int, study: str = "a study") -> Config | 
     checked (:meth:`Config.from_params`); None for a trial given none. A stored value this version
     cannot run (edited in the database, say) is a :class:`ConfigError` naming ``study`` and the trial."""
     params = trial.params or trial.system_attrs.get("fixed_params") or {}
-    if not params:
-        return None
-    return Config.from_params(params, n_stages, where=f"study {study!r}, trial {trial.number}")
+    where = f"study {study!r}, trial {trial.number}"
+    config = Config.from_params(params, n_stages, where=where) if params else None
+    said = trial.user_attrs.get("config")
+    if said is not None and Config.from_dict(said, where) != config:
+        raise ConfigError(f"{where}: its stored config and its parameters disagree")
+    return config
 
 
 def is_stream(trial: Any) -> bool:
@@ -247,11 +250,10 @@ class TrialBook:
             for param, dist in t.distributions.items():
                 if param in self.dists and dist != self.dists[param]:
                     raise StudyError(
-                        f"study {self.name!r} was run with other choices for {param} ({list(dist.choices)} now "
-                        f"{list(self.dists[param].choices)}): the search space changed; "
-                        "accepted: the same space, or a new --storage")
-            if t.distributions:
-                return
+                        f"study {self.name!r}, trial {t.number}: was run with other choices for {param} "
+                        f"({shortlist(map(repr, dist.choices))} now {shortlist(map(repr, self.dists[param].choices))}): "
+                        "the search space changed, or the storage was edited; accepted: the same space, or a new "
+                        "--storage")
 
     def record(self, config: Config, value: float | None, attrs: Mapping[str, Any]) -> None:
         """Write one finished trial (COMPLETE with ``value``, else FAIL) and take it in."""
