@@ -83,8 +83,8 @@ def test_the_layer_sizes_follow_the_models():
 
 
 @pytest.mark.parametrize("size,message", [
-    ({"tokens": 4, "cache": -1}, "--cache -1: accepted: an integer of at least 0"),
-    ({"tokens": 0}, "--tokens 0: accepted: a positive integer"),
+    ({"tokens": 4, "cache": -1}, "--cache -1: accepted: an integer from 0 to 131072"),
+    ({"tokens": 0}, "--tokens 0: accepted: an integer from 1 to 16384"),
     ({"tokens": 4, "heads": 12, "kv_heads": 5}, "12 query heads do not share 5 KV heads evenly"),
     ({"tokens": 4, "head_dim": 96}, "head size 96; accepted: 64, 128"),
 ])

@@ -104,7 +104,7 @@ def fuzz(reset, capsys, tmp_path: Path, seed: int, rounds: int) -> None:
         url = reset()
         kind = rnd.choice(["param", "attr"] if i % 3 else ["device"])
         evil = rnd.choice(EVIL if kind != "device" else [e for e in EVIL if not isinstance(e, str)]
-                          + ["H200\n#error planted", "H200 */ planted"])
+                          + ["H200\n#error planted", "H200\x1b[2J planted", "H200\r#error planted"])
         tamper(url, kind, evil, rnd)
         for argv in (["show", "gpt3"], ["export", "gpt3", "--format", "header", "-o", str(tmp_path / "t.h")],
                      ["export", "gpt3", "-o", str(tmp_path / "t.json")]):
