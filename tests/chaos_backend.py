@@ -113,5 +113,7 @@ class RoundsBackend(ChaosBackend):
     """Also times final rounds, synthetically: each config's time plus the sustained load it was
     asked for (``heat_s`` seconds become as many µs), so a test sees what crossed the process boundary."""
 
+    features = frozenset({"time_rounds"})
+
     def time_rounds(self, chain: Chain, configs: list[Config], rounds: int, heat_s: float = 0.0) -> dict:
         return {c: [synthetic_us(c) + heat_s] * rounds for c in configs}

@@ -45,6 +45,7 @@ class FakeBackend(Backend):
     """Answers with a time computed from the config (no device), and checks what it is asked."""
 
     name = "fake"
+    features = frozenset({"source_hash"})
 
     def __init__(self, check=no_col_order, space=SMALL, fail=None, interrupt_at=None):
         self.calls: list[Config] = []
@@ -459,6 +460,8 @@ def test_the_history_counts_stages_alone_and_stops_at_the_first_chain_within_rea
 class RoundsBackend(FakeBackend):
     """Times final rounds too: after idle, each config as measured; under sustained load, the configs
     of an odd digest 30% slower (as a kernel that draws more power runs at a lower clock)."""
+
+    features = frozenset({"source_hash", "time_rounds"})
 
     def __init__(self):
         super().__init__()

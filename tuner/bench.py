@@ -22,7 +22,7 @@ from typing import Any
 
 from .config import Config
 from .report import best_pytorch, over_stream, ratio_text, us_text
-from .study import FINAL_PER_KIND, SYNC_KINDS, finalists, kind_of, rounds_note, run_study, study_name
+from .study import FINAL_PER_KIND, SYNC_KINDS, finalists, rounds_note, sync_kind, run_study, study_name
 from . import UsageError
 from .workloads import Chain, get_workload
 
@@ -148,7 +148,7 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
         for path in compare:
             for cfg in picked_configs(path, ch.label):
                 if cfg not in contestants.values():
-                    contestants[f"{Path(path).name} {kind_of(cfg)}"] = cfg
+                    contestants[f"{Path(path).name} {sync_kind(cfg)}"] = cfg
         contestants.update(ablations(contestants, list(ablate), ch, dev))
         p = gpu.problem(ch)
         extra = baseline_timers(ch, list(zip(p.xs, p.ws)), graphs=graphs)
@@ -250,7 +250,7 @@ def named_finalists(passed: list[tuple[float, Config]], per_kind: int = FINAL_PE
     out: dict[str, Config] = {}
     rank: dict[str, int] = {}
     for c in finalists(passed, per_kind):
-        k = kind_of(c)
+        k = sync_kind(c)
         rank[k] = rank.get(k, 0) + 1
         out[k if rank[k] == 1 else f"{k}#{rank[k]}"] = c
     return out
@@ -261,7 +261,7 @@ def fastest_per_kind(contestants: dict[str, Config], final: dict[str, float]) ->
     time everyone at the same clock; a finalist the rounds left out cannot be picked."""
     picked: dict[str, str] = {}
     for name, cfg in contestants.items():
-        kind = kind_of(cfg)
+        kind = sync_kind(cfg)
         if name in final and (kind not in picked or final[name] < final[picked[kind]]):
             picked[kind] = name
     return picked

@@ -317,11 +317,11 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
                          "without a GPU: the study without --sustained (a replay runs no final rounds)")
     try:
         tag = figure_tag(backend)
-        if getattr(backend, "synthetic", False):
+        if backend.synthetic:
             files = ", ".join(str(r.path) for r in backend.recordings if r.synthetic)
             print(f"WARNING: synthetic figures, not measurements: {files} holds figures made by a cost model; "
                   "every figure below is marked 'replayed, synthetic'")
-        if hasattr(backend, "labels"):
+        if backend.supports("labels"):
             recorded = set(backend.labels())
             runnable = [c for c in chains if c.label in recorded]
             named = args.study_file is not None or any(getattr(args, p, None) for p in wl.params)

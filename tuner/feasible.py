@@ -13,7 +13,7 @@ import hashlib
 import itertools
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, Container, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Container, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -26,8 +26,14 @@ from .sync import POLICIES, cluster_allowed, grid_env, persistent_allowed
 from .tiling import may_persist
 from .workloads import Chain
 
-if TYPE_CHECKING:
-    from .space import SearchSpace
+class SpaceView(Protocol):
+    """What the feasible set reads of a search space (:class:`tuner.space.SearchSpace`): below the
+    space, so that the space can build its feasible set without an import circle."""
+
+    globals: Mapping[str, tuple[str, ...]]
+    limits: Any
+
+    def stage_domain(self, stage_name: str, m: int | None = None) -> dict[str, tuple[Any, ...]]: ...
 
 
 @dataclass
@@ -161,7 +167,7 @@ class FeasibleSet:
     Optionally narrowed to an explicit list (what a replay backend has recordings for).
     """
 
-    def __init__(self, chain: Chain, device: DeviceInfo, space: SearchSpace):
+    def __init__(self, chain: Chain, device: DeviceInfo, space: SpaceView):
         for j, st in enumerate(chain.stages):
             # The solver chains pair constraints stage to stage, so a consumer must read its direct predecessor.
             if st.a_from not in (None, j - 1):

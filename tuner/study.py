@@ -192,7 +192,7 @@ class StudyOutcome:
 
 def figure_tag(backend: Backend) -> str:
     """The label every figure from ``backend`` carries."""
-    if getattr(backend, "synthetic", False):
+    if backend.synthetic:
         return " (replayed, synthetic)"
     return " (replayed)" if backend.replayed else ""
 
@@ -275,7 +275,7 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
     board = ClaimBoard(storage, beat_s=min(2.0, claim_grace_s / 4), grace_s=claim_grace_s)
     common = {"workload": chain.workload, "size": chain.size_dict, "label": chain.label, "device": device.name,
               "backend": backend.name, "replayed": backend.replayed,
-              "synthetic": bool(getattr(backend, "synthetic", False)), "graphs": backend.graphs}
+              "synthetic": backend.synthetic, "graphs": backend.graphs}
     n_stages = len(chain.stages)
     book = TrialBook(rdb, study_name(chain, device, backend.graphs), fs.param_order(), n_stages, common)
     alone = [chain.alone(j) for j in range(n_stages)]
@@ -293,7 +293,7 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
             stage_tilings.append(grids)
     outcome = StudyOutcome(book.name, chain.label, device.name, fs.size, book.summary, strategy=strategy,
                            budget=trials, replayed=backend.replayed,
-                           synthetic=bool(getattr(backend, "synthetic", False)))
+                           synthetic=backend.synthetic)
     outcome.stage_trials = sum(b.summary.measured for b in stage_books)
 
     prior = Prior(chain=list(warm))
@@ -368,7 +368,7 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
         m = store.lookup(device, target.label, p.config, replayed=backend.replayed, source_hash=sh)
         cached = m is not None
         if m is None:
-            screen = p.screen and getattr(backend, "screens", False)
+            screen = p.screen and backend.supports("screens")
             m = backend.measure(target, p.config, screen=True) if screen else backend.measure(target, p.config)
         else:
             outcome.cache_hits += 1
@@ -503,7 +503,7 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
             bar.close()
         store.close()
     try:
-        if final and not outcome.interrupted and hasattr(backend, "time_rounds") and not backend.replayed:
+        if final and not outcome.interrupted and backend.supports("time_rounds") and not backend.replayed:
             _final_rounds(book, backend, chain, outcome, log, board, sustained_s)
     except KeyboardInterrupt:
         outcome.stop = "interrupted"
@@ -553,7 +553,7 @@ FINAL_ROUNDS = 5
 SYNC_KINDS = ("stream", "pdl", "tile")
 
 
-def kind_of(cfg: Config) -> str:
+def sync_kind(cfg: Config) -> str:
     """``stream`` for serial stream sync, ``pdl`` for stream sync through programmatic dependent
     launches, ``tile`` for any tile-level policy."""
     if cfg.policy != "stream":
@@ -565,7 +565,7 @@ def finalists(timed: Sequence[tuple[float, Config]], per_kind: int = FINAL_PER_K
     """The fastest ``per_kind`` configs of each kind by their single timings (stream first)."""
     out: list[Config] = []
     for kind in SYNC_KINDS:
-        mine = sorted(((us, c) for us, c in timed if kind_of(c) == kind), key=lambda x: x[0])
+        mine = sorted(((us, c) for us, c in timed if sync_kind(c) == kind), key=lambda x: x[0])
         out += [c for _, c in mine[:per_kind] if c not in out]
     return out
 
@@ -645,9 +645,8 @@ def _source_hasher(backend: Backend) -> Callable[[Chain, Config], str | None] | 
     A backend may offer ``source_hash(chain, config)``; a measuring backend otherwise
     renders the source. Without a hash (replays) the cache matches any source.
     """
-    own = getattr(backend, "source_hash", None)
-    if callable(own):
-        return own
+    if backend.supports("source_hash"):
+        return backend.source_hash  # type: ignore[attr-defined]
     if backend.replayed:
         return None
     from .render import render  # noqa: PLC0415 - only measuring backends render

@@ -49,12 +49,36 @@ class Measurement:
         return cls(ok=False, reason=reason, message=message, **kw)
 
 
+# What a backend may offer beyond the interface every backend implements; each one declares the
+# ones it has (``Backend.features``), and the study loop asks it (``supports``) instead of probing.
+FEATURES = {
+    "labels": "labels(): the chain labels it can answer for (a replay's recordings)",
+    "screens": "measure(chain, config, screen=True): a quicker timing, good enough to rank tilings",
+    "source_hash": "source_hash(chain, config): the kernel source's hash, without rendering it here",
+    "time_rounds": "time_rounds(chain, configs, rounds, heat_s=...): interleaved final rounds",
+}
+
+
 class Backend(ABC):
     """Compiles, verifies and times configs of a chain on one device."""
 
     name: str = "abstract"
     replayed: bool = False  # True when figures come from a recording, not a measurement
+    synthetic: bool = False  # True when its figures come from a cost model (a synthetic recording)
     graphs: bool = False  # True when every run it times is a CUDA graph's replay (the kernels number their runs)
+    features: frozenset[str] = frozenset()  # of FEATURES
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        unknown = set(cls.features) - set(FEATURES)
+        if unknown:
+            raise TypeError(f"{cls.__name__} declares unknown features {sorted(unknown)}; known: {sorted(FEATURES)}")
+
+    def supports(self, feature: str) -> bool:
+        """Whether this backend offers ``feature`` (one of :data:`FEATURES`)."""
+        if feature not in FEATURES:
+            raise ValueError(f"unknown backend feature {feature!r}; known: {', '.join(FEATURES)}")
+        return feature in self.features
 
     @abstractmethod
     def device_info(self) -> DeviceInfo:

@@ -327,7 +327,7 @@ class GpuBackend(Backend):
     """Measures configs on the first visible CUDA device."""
 
     name = "gpu"
-    screens = True  # measure(..., screen=True) times with fewer repetitions
+    features = frozenset({"screens", "time_rounds"})
     SCREEN_REPS = 10
     IDLE_S = 0.3  # idle before each final-round timing: the clock drops under sustained load
 

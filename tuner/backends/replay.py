@@ -124,6 +124,7 @@ class ReplayBackend(Backend):
 
     name = "replay"
     replayed = True
+    features = frozenset({"labels"})
 
     def __init__(self, paths: Sequence[str | Path]):
         if not paths:

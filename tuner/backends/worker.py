@@ -94,6 +94,7 @@ class WorkerBackend(Backend):
         self.restarts = 0
         self.replayed = bool(getattr(_load(factory), "replayed", False))
         self.name = getattr(_load(factory), "name", "worker")
+        self.features = frozenset(getattr(_load(factory), "features", frozenset()))  # what the child offers
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
@@ -134,10 +135,6 @@ class WorkerBackend(Backend):
         """Whether the child times CUDA graph replays (its backend built with ``graphs=True``)."""
         return bool(self.kwargs.get("graphs", False))
 
-    @property
-    def screens(self) -> bool:
-        return bool(getattr(_load(self.factory), "screens", False))
-
     def prepare(self, targets: Sequence[tuple[Chain, Config]]) -> Iterator[int]:
         """Compile ahead here, on every core, into the cache the child loads from."""
         if not hasattr(_load(self.factory), "prepare") or self.plant:
@@ -150,7 +147,7 @@ class WorkerBackend(Backend):
                     heat_s: float = 0.0) -> dict[Config, list[float] | str]:
         """The child's interleaved final rounds (see GpuBackend.time_rounds, and its ``heat_s``); {} if
         it cannot answer."""
-        if not hasattr(_load(self.factory), "time_rounds"):
+        if not self.supports("time_rounds"):
             return {}
         if self._proc is None or not self._proc.is_alive():
             self._kill()
