@@ -243,129 +243,190 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
     ``trials`` budget slots is claimed before it is measured (:class:`tuner.store.ClaimBoard`),
     and a worker's claims are taken over by the others ``claim_grace_s`` after its last heartbeat.
     """
-    import optuna  # noqa: PLC0415 - slow import
-
     if strategy not in STRATEGIES:
         raise StudyError(f"unknown strategy {strategy!r}; accepted: {', '.join(STRATEGIES)}")
-    trials = trials or default_trials(strategy)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    device = backend.device_info()
-    fs = space.feasible(chain, device)
-    narrowed = backend.restrict(chain, fs)
-    if narrowed is not None:
-        fs = fs.restricted_to(narrowed)
-    tag = figure_tag(backend)
-    if fs.size == 0:
-        raise StudyError(f"no feasible config for {chain.label} on {device.name}{tag}: {'; '.join(fs.reasons)}")
-    if check is None:
-        check = load_checker(backend)
-    verdicts: dict[Config, str | None] = {}
+    run = _StudyRun(chain, space, backend, storage, strategy, seed, trials or default_trials(strategy), check,
+                    claim_grace_s, log)
+    run.open(warm, transfer, progress)
+    outcome = run.outcome
+    try:
+        run.loop(time.monotonic() + timeout if timeout else None)
+    except KeyboardInterrupt:
+        outcome.stop = "interrupted"
+    finally:
+        run.close_progress()
+    try:
+        if final and not outcome.interrupted and backend.supports("time_rounds") and not backend.replayed:
+            _final_rounds(run.book, backend, chain, outcome, log, run.board, sustained_s)
+    except KeyboardInterrupt:
+        outcome.stop = "interrupted"
+    finally:
+        run.board.close()
+    outcome.summary = run.book.summary
+    outcome.elapsed_s = time.monotonic() - run.t_start
+    return outcome
 
-    def accept(c: Config) -> bool:
-        """The sync checker's answer, asked once per config."""
-        if check is None:
-            return True
-        if c not in verdicts:
-            verdicts[c] = check(chain, c)
-        return verdicts[c] is None
 
-    strat = make_strategy(strategy)
-    store = MeasurementStore(storage)
-    rdb = open_optuna_storage(storage)
-    board = ClaimBoard(storage, beat_s=min(2.0, claim_grace_s / 4), grace_s=claim_grace_s)
-    common = {"workload": chain.workload, "size": chain.size_dict, "label": chain.label, "device": device.name,
-              "backend": backend.name, "replayed": backend.replayed,
-              "synthetic": backend.synthetic, "graphs": backend.graphs}
-    n_stages = len(chain.stages)
-    book = TrialBook(rdb, study_name(chain, device, backend.graphs), fs.param_order(), n_stages, common)
-    alone = [chain.alone(j) for j in range(n_stages)]
-    stage_books: list[TrialBook] = []
-    stage_tilings: list[list] = []
-    if strat.stage_pass:
-        for j, st in enumerate(chain.stages):
-            stage_books.append(TrialBook(rdb, stage_study_name(chain, j, device, backend.graphs), _stage_domains(fs, j), 1,
-                                         {**common, "stage": st.name, "stage_shape": [st.m, st.n, st.k, st.epilogue]}))
-            grids = fs.tilings[j]
-            recorded = backend.restrict(alone[j], [stage_config(g.tiles) for g in grids])
+class _StudyRun:
+    """One run of the tuning loop over a chain's studies: what :func:`run_study` sets up, then its
+    loop of proposals, claims, measurements and trials."""
+
+    def __init__(self, chain: Chain, space: SearchSpace, backend: Backend, storage: str, strategy: str, seed: int,
+                 trials: int, check: Checker | None, claim_grace_s: float, log: Callable[[str], Any] | None):
+        import optuna  # noqa: PLC0415 - slow import
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.chain, self.backend, self.strategy, self.seed, self.trials = chain, backend, strategy, seed, trials
+        self.log, self.claim_grace_s = log, claim_grace_s
+        self.device = backend.device_info()
+        fs = space.feasible(chain, self.device)
+        narrowed = backend.restrict(chain, fs)
+        self.fs = fs.restricted_to(narrowed) if narrowed is not None else fs
+        self.tag = figure_tag(backend)
+        if self.fs.size == 0:
+            raise StudyError(f"no feasible config for {chain.label} on {self.device.name}{self.tag}: "
+                             f"{'; '.join(self.fs.reasons)}")
+        self.check = check if check is not None else load_checker(backend)
+        self.verdicts: dict[Config, str | None] = {}
+        self.strat = make_strategy(strategy)
+        self.store = MeasurementStore(storage)
+        self.rdb = open_optuna_storage(storage)
+        self.board = ClaimBoard(storage, beat_s=min(2.0, claim_grace_s / 4), grace_s=claim_grace_s)
+        self.alone = [chain.alone(j) for j in range(len(chain.stages))]
+
+    # -- setting up
+
+    def open(self, warm: Sequence[Config], transfer: bool, progress: bool) -> None:
+        """The studies in the storage, the strategy started on what they and the prior hold, the bar drawn."""
+        chain, backend, fs = self.chain, self.backend, self.fs
+        common = {"workload": chain.workload, "size": chain.size_dict, "label": chain.label,
+                  "device": self.device.name, "backend": backend.name, "replayed": backend.replayed,
+                  "synthetic": backend.synthetic, "graphs": backend.graphs}
+        self.book = TrialBook(self.rdb, study_name(chain, self.device, backend.graphs), fs.param_order(),
+                              len(chain.stages), common)
+        self.stage_books, self.stage_tilings = self._stage_books(common)
+        self.outcome = StudyOutcome(self.book.name, chain.label, self.device.name, fs.size, self.book.summary,
+                                    strategy=self.strategy, budget=self.trials, replayed=backend.replayed,
+                                    synthetic=backend.synthetic)
+        self.outcome.stage_trials = sum(b.summary.measured for b in self.stage_books)
+        prior = Prior(chain=list(warm))
+        if transfer:
+            near_chain, near_stages = _transfer(self.book, self.rdb, chain, self.device)
+            prior.chain += [c for c in near_chain if c not in prior.chain]
+            prior.stages = near_stages
+        fit = [c for c in warm if fs.contains(c) is None]
+        if warm and self.log is not None:
+            self.log(f"{chain.label}: warm start: {len(fit)} of {len(warm)} configs a bench picked are in this space"
+                     + ("" if len(fit) == len(warm) else " (and recorded)" if backend.replayed else ""))
+        self.strat.start(SearchContext(chain, fs, self.device, self.accept, self.trials, self.seed, prior,
+                                       self.stage_tilings))
+        if self.book.summary.baseline is not None:
+            backend.set_reference_time(self.book.summary.baseline.value)
+        self.source_hash = _source_hasher(backend)
+        self.device_attr = self.device.to_dict()
+        self.budget_scope = f"budget/{self.book.scope}"
+        self.t_start = time.monotonic()
+        self.bar = _progress_bar(progress, self.trials, self.outcome.measured, chain.label + self.tag)
+        self.show()
+
+    def _stage_books(self, common: Mapping[str, Any]) -> tuple[list[TrialBook], list[list]]:
+        """The studies of the stages timed alone, and the tilings of each that may be timed."""
+        books: list[TrialBook] = []
+        tilings: list[list] = []
+        if not self.strat.stage_pass:
+            return books, tilings
+        for j, st in enumerate(self.chain.stages):
+            books.append(TrialBook(self.rdb, stage_study_name(self.chain, j, self.device, self.backend.graphs),
+                                   _stage_domains(self.fs, j), 1,
+                                   {**common, "stage": st.name, "stage_shape": [st.m, st.n, st.k, st.epilogue]}))
+            grids = self.fs.tilings[j]
+            recorded = self.backend.restrict(self.alone[j], [stage_config(g.tiles) for g in grids])
             if recorded is not None:
                 keep = {c.tiles[0] for c in recorded}
                 grids = [g for g in grids if g.tiles in keep]
-            stage_tilings.append(grids)
-    outcome = StudyOutcome(book.name, chain.label, device.name, fs.size, book.summary, strategy=strategy,
-                           budget=trials, replayed=backend.replayed,
-                           synthetic=backend.synthetic)
-    outcome.stage_trials = sum(b.summary.measured for b in stage_books)
+            tilings.append(grids)
+        return books, tilings
 
-    prior = Prior(chain=list(warm))
-    if transfer:
-        near_chain, near_stages = _transfer(book, rdb, chain, device)
-        prior.chain += [c for c in near_chain if c not in prior.chain]
-        prior.stages = near_stages
-    fit = [c for c in warm if fs.contains(c) is None]
-    if warm and log is not None:
-        log(f"{chain.label}: warm start: {len(fit)} of {len(warm)} configs a bench picked are in this space"
-            + ("" if len(fit) == len(warm) else " (and recorded)" if backend.replayed else ""))
-    ctx = SearchContext(chain, fs, device, accept, trials, seed, prior, stage_tilings)
-    strat.start(ctx)
-    if book.summary.baseline is not None:
-        backend.set_reference_time(book.summary.baseline.value)
+    # -- what a proposal is
 
-    source_hash = _source_hasher(backend)
-    device_attr = device.to_dict()
-    t_start = time.monotonic()
-    deadline = t_start + timeout if timeout else None
-    bar = _progress_bar(progress, trials, outcome.measured, chain.label + tag)
-    _show(bar, book.summary, tag, strat.phase())
+    def accept(self, c: Config) -> bool:
+        """The sync checker's answer, asked once per config."""
+        if self.check is None:
+            return True
+        if c not in self.verdicts:
+            self.verdicts[c] = self.check(self.chain, c)
+        return self.verdicts[c] is None
 
-    def book_of(p: Proposal) -> TrialBook:
-        return book if p.stage is None else stage_books[p.stage]
+    def book_of(self, p: Proposal) -> TrialBook:
+        return self.book if p.stage is None else self.stage_books[p.stage]
 
-    def refusal(p: Proposal) -> str | None:
+    def refusal(self, p: Proposal) -> str | None:
         if p.stage is None:
-            why = fs.contains(p.config)
-            return why if why is not None else (None if accept(p.config) else f"sync_checker: {verdicts[p.config]}")
-        if p.stage >= len(stage_tilings) or p.tiles not in {g.tiles for g in stage_tilings[p.stage]}:
+            why = self.fs.contains(p.config)
+            return why if why is not None else (None if self.accept(p.config)
+                                                else f"sync_checker: {self.verdicts[p.config]}")
+        if p.stage >= len(self.stage_tilings) or p.tiles not in {g.tiles for g in self.stage_tilings[p.stage]}:
             return f"stage {p.stage}: tiling outside the feasible (or recorded) set"
         return None
 
-    budget_scope = f"budget/{book.scope}"
-
-    def claim_key(p: Proposal) -> tuple[str, str]:
+    def claim_key(self, p: Proposal) -> tuple[str, str]:
         digest = hashlib.sha256(json.dumps(p.config.to_dict(), sort_keys=True).encode()).hexdigest()[:40]
-        return book_of(p).scope, digest
+        return self.book_of(p).scope, digest
 
-    def count() -> None:
-        outcome.stage_trials = sum(b.summary.measured for b in stage_books)
-        if bar is not None and bar.n != min(outcome.measured, bar.total):
-            bar.n = min(outcome.measured, bar.total)
-            bar.refresh()
-
-    def known(p: Proposal) -> Outcome | None:
-        hit = book_of(p).known.get(p.config)
+    def known(self, p: Proposal) -> Outcome | None:
+        hit = self.book_of(p).known.get(p.config)
         return None if hit is None else Outcome(p, hit[0], hit[1], new=False)
 
-    def claim(p: Proposal) -> Outcome | str | None:
+    # -- progress
+
+    def count(self) -> None:
+        self.outcome.stage_trials = sum(b.summary.measured for b in self.stage_books)
+        bar = self.bar
+        if bar is not None and bar.n != min(self.outcome.measured, bar.total):
+            bar.n = min(self.outcome.measured, bar.total)
+            bar.refresh()
+
+    def show(self) -> None:
+        _show(self.bar, self.book.summary, self.tag, self.strat.phase())
+
+    def so_far(self) -> str:
+        best = self.book.summary.best_us
+        return f"{time.monotonic() - self.t_start:.0f} s" + ("" if best is None else f", best {best:.2f} us{self.tag}")
+
+    def close_progress(self) -> None:
+        if self.bar is not None:
+            if self.outcome.stop == "exhausted":  # the bar ends full at what could be reached, not frozen short
+                self.bar.total = self.bar.n
+                self.bar.refresh()
+            self.bar.close()
+        self.store.close()
+
+    # -- claims and measurements
+
+    def claim(self, p: Proposal) -> Outcome | str | None:
         """The config for this worker with a budget slot (the slot), or its outcome where another worker
         wrote it meanwhile; None when a live worker holds it, or when the budget is spent."""
-        if not board.take(*claim_key(p)):
+        board = self.board
+        if not board.take(*self.claim_key(p)):
             return None
-        book_of(p).refresh()
-        hit = known(p)
+        self.book_of(p).refresh()
+        hit = self.known(p)
         if hit is not None:
-            board.drop(*claim_key(p))
+            board.drop(*self.claim_key(p))
             return hit
         # One slot per measured trial, so workers together measure exactly the budget. Slots are
         # tried in order, a dead worker's too: skipping it would leave the study one trial short.
-        for k in board.open_items(budget_scope, (str(k) for k in range(1, trials + 1))):
-            if board.take(budget_scope, k):
+        for k in board.open_items(self.budget_scope, (str(k) for k in range(1, self.trials + 1))):
+            if board.take(self.budget_scope, k):
                 return k
-        board.drop(*claim_key(p))
+        board.drop(*self.claim_key(p))
         return None
 
-    def measure(p: Proposal, slot: str) -> Outcome:
-        target = chain if p.stage is None else alone[p.stage]
-        sh = source_hash(target, p.config) if source_hash is not None else None
-        m = store.lookup(device, target.label, p.config, replayed=backend.replayed, source_hash=sh)
+    def measure(self, p: Proposal, slot: str) -> Outcome:
+        backend, device, outcome, book = self.backend, self.device, self.outcome, self.book
+        target = self.chain if p.stage is None else self.alone[p.stage]
+        sh = self.source_hash(target, p.config) if self.source_hash is not None else None
+        m = self.store.lookup(device, target.label, p.config, replayed=backend.replayed, source_hash=sh)
         cached = m is not None
         if m is None:
             screen = p.screen and backend.supports("screens")
@@ -375,143 +436,142 @@ def run_study(chain: Chain, space: SearchSpace, backend: Backend, storage: str, 
         if m.ok and (m.median_us is None or not math.isfinite(m.median_us)):
             raise RuntimeError(f"backend {backend.name} reported success for {p.config.short()} without a time")
         attrs: dict[str, Any] = {"config": p.config.to_dict(), "tuner_version": __version__,
-                                 "backend": backend.name, "device": device_attr, **measurement_attrs(m),
+                                 "backend": backend.name, "device": self.device_attr, **measurement_attrs(m),
                                  "cached": cached, "measured": True, "phase": p.phase, "screen": p.screen}
         if not m.ok:
             attrs.update(reason=m.reason, message=m.message)
         # A measurement is written whole: Ctrl-C here takes effect once the trial is stored.
         with _interrupts_deferred():
             if not cached:
-                store.save(device, target.label, p.config, m)
-            b = book_of(p)
+                self.store.save(device, target.label, p.config, m)
             before = book.summary.baseline
-            b.record(p.config, m.median_us if m.ok else None, attrs)
-            board.done(*claim_key(p))
-            board.done(budget_scope, slot)
+            self.book_of(p).record(p.config, m.median_us if m.ok else None, attrs)
+            self.board.done(*self.claim_key(p))
+            self.board.done(self.budget_scope, slot)
             outcome.new_trials += 1
-            count()
+            self.count()
             if p.stage is None and book.summary.baseline is not before:
                 book.study.set_user_attr("baseline_us", book.summary.baseline.value)
                 backend.set_reference_time(book.summary.baseline.value)
-        if bar is not None:
-            bar.update(1)
+        if self.bar is not None:
+            self.bar.update(1)
         return Outcome(p, m.median_us if m.ok else None, None if m.ok else m.reason)
 
-    def so_far() -> str:
-        best = book.summary.best_us
-        return f"{time.monotonic() - t_start:.0f} s" + ("" if best is None else f", best {best:.2f} us{tag}")
+    # -- the loop
 
-    phase_now = ""
-    next_line = time.monotonic() + PROGRESS_S
-    try:
+    def loop(self, deadline: float | None) -> None:
+        """Batches from the strategy until the budget, the deadline or the strategy's plan runs out."""
+        outcome, strat = self.outcome, self.strat
+        phase_now = ""
+        self.next_line = time.monotonic() + PROGRESS_S
         while True:
             if deadline is not None and time.monotonic() >= deadline:
                 outcome.stop = "timeout"
-                break
-            left = trials - outcome.measured
+                return
+            left = self.trials - outcome.measured
             batch = strat.propose(left)
             if not batch:
                 outcome.stop = "exhausted" if left > 0 else "budget"
-                break
-            _show(bar, book.summary, tag, strat.phase())
+                return
+            self.show()
             if strat.phase() != phase_now:
                 phase_now = strat.phase()
-                if log is not None:  # the bar is drawn on a terminal only; a log still shows the phases
-                    log(f"{chain.label}: {phase_now} after {outcome.measured} trials, {so_far()}")
-            results: dict[int, Outcome] = {}
-            new: list[int] = []
-            for i, p in enumerate(batch):
-                hit = book_of(p).known.get(p.config)
-                if hit is not None:
-                    results[i] = Outcome(p, hit[0], hit[1], new=False)
-                    continue
-                why = refusal(p)
-                if why is not None:
-                    outcome.refused += 1
-                    if log is not None:
-                        log(f"{chain.label}: {strategy} proposed a config the loop refuses ({why}); not measured")
-                    results[i] = Outcome(p, None, "constraint", new=False)
-                    continue
-                new.append(i)
-            if len(new) > left:
-                new = new[:max(left, 0)]
-            # Each config is claimed just before it is measured: of several workers on one study,
-            # one measures it and the others take its trial from the storage, so workers running
-            # the same plan spread its configs between them. All are compiled ahead all the same.
-            theirs: list[int] = []
-            targets = [(chain if batch[i].stage is None else alone[batch[i].stage], batch[i].config) for i in new]
-            stopped = False
-            for k in backend.prepare(targets):
-                if deadline is not None and time.monotonic() >= deadline:
-                    outcome.stop, stopped = "timeout", True
-                    break
-                i = new[k]
-                got = claim(batch[i])
-                if isinstance(got, Outcome):
-                    results[i] = got
-                elif got is None:
-                    theirs.append(i)
-                else:
-                    results[i] = measure(batch[i], got)
-                _show(bar, book.summary, tag, strat.phase())
-                if log is not None and (bar is None or bar.disable) and time.monotonic() >= next_line:
-                    next_line = time.monotonic() + PROGRESS_S
-                    log(f"{chain.label}: {outcome.measured}/{trials} trials, {strat.phase()}, {so_far()}")
-            next_note = time.monotonic()
-            while theirs and not stopped and outcome.measured < trials:
-                if deadline is not None and time.monotonic() >= deadline:
-                    outcome.stop, stopped = "timeout", True
-                    break
-                if log is not None and time.monotonic() >= next_note:
-                    next_note = time.monotonic() + WAIT_NOTE_S
-                    log(f"{chain.label}: {_waiting_note([board.holder(*claim_key(batch[i])) for i in theirs], claim_grace_s)}")
-                time.sleep(POLL_S)
-                for b in (book, *stage_books):
-                    b.refresh()
-                count()
-                waiting = []
-                for i in theirs:
-                    held = board.holder(*claim_key(batch[i]))
-                    if held is not None and held[1] and known(batch[i]) is None:
-                        # A claim is marked done only after its trial is written, so the trial may have
-                        # landed since the refresh above: read again before calling the claim stale.
-                        book_of(batch[i]).refresh()
-                        if known(batch[i]) is None:
-                            board.forget_done(*claim_key(batch[i]))  # done, no such trial: the study was made anew
-                    got = known(batch[i]) or claim(batch[i])  # a dead worker's claim goes to the next who asks
-                    if isinstance(got, Outcome):
-                        results[i] = got
-                    elif isinstance(got, str):
-                        results[i] = measure(batch[i], got)
-                    else:
-                        waiting.append(i)
-                theirs = waiting
+                if self.log is not None:  # the bar is drawn on a terminal only; a log still shows the phases
+                    self.log(f"{self.chain.label}: {phase_now} after {outcome.measured} trials, {self.so_far()}")
+            results, new = self._answered(batch)
+            stopped = self._measure_batch(batch, new[:max(left, 0)] if len(new) > left else new, results, deadline)
             strat.observe([results[i] for i in sorted(results)])
             if stopped:
-                break
-            if outcome.measured >= trials:
-                outcome.stop = "budget"
-                # The strategy may have nothing left anyway: the finalists and a rerun agree either way.
-                break
-    except KeyboardInterrupt:
-        outcome.stop = "interrupted"
-    finally:
-        if bar is not None:
-            if outcome.stop == "exhausted":  # the bar ends full at what could be reached, not frozen short
-                bar.total = bar.n
-                bar.refresh()
-            bar.close()
-        store.close()
-    try:
-        if final and not outcome.interrupted and backend.supports("time_rounds") and not backend.replayed:
-            _final_rounds(book, backend, chain, outcome, log, board, sustained_s)
-    except KeyboardInterrupt:
-        outcome.stop = "interrupted"
-    finally:
-        board.close()
-    outcome.summary = book.summary
-    outcome.elapsed_s = time.monotonic() - t_start
-    return outcome
+                return
+            if outcome.measured >= self.trials:
+                outcome.stop = "budget"  # the strategy may have nothing left anyway: a rerun agrees either way
+                return
+
+    def _answered(self, batch: Sequence[Proposal]) -> tuple[dict[int, Outcome], list[int]]:
+        """The outcomes the study's history gives (and the refusals), and the indices left to measure."""
+        results: dict[int, Outcome] = {}
+        new: list[int] = []
+        for i, p in enumerate(batch):
+            hit = self.book_of(p).known.get(p.config)
+            if hit is not None:
+                results[i] = Outcome(p, hit[0], hit[1], new=False)
+                continue
+            why = self.refusal(p)
+            if why is not None:
+                self.outcome.refused += 1
+                if self.log is not None:
+                    self.log(f"{self.chain.label}: {self.strategy} proposed a config the loop refuses ({why}); "
+                             "not measured")
+                results[i] = Outcome(p, None, "constraint", new=False)
+                continue
+            new.append(i)
+        return results, new
+
+    def _measure_batch(self, batch: Sequence[Proposal], new: list[int], results: dict[int, Outcome],
+                       deadline: float | None) -> bool:
+        """Measure the ``new`` proposals of ``batch`` into ``results``; True when the deadline stopped it.
+
+        Each config is claimed just before it is measured: of several workers on one study, one
+        measures it and the others take its trial from the storage, so workers running the same
+        plan spread its configs between them. All are compiled ahead all the same."""
+        theirs: list[int] = []
+        targets = [(self.chain if batch[i].stage is None else self.alone[batch[i].stage], batch[i].config)
+                   for i in new]
+        for k in self.backend.prepare(targets):
+            if deadline is not None and time.monotonic() >= deadline:
+                self.outcome.stop = "timeout"
+                return True
+            i = new[k]
+            got = self.claim(batch[i])
+            if isinstance(got, Outcome):
+                results[i] = got
+            elif got is None:
+                theirs.append(i)
+            else:
+                results[i] = self.measure(batch[i], got)
+            self.show()
+            if self.log is not None and (self.bar is None or self.bar.disable) and time.monotonic() >= self.next_line:
+                self.next_line = time.monotonic() + PROGRESS_S
+                self.log(f"{self.chain.label}: {self.outcome.measured}/{self.trials} trials, {self.strat.phase()}, "
+                         f"{self.so_far()}")
+        return self._wait_for_others(batch, theirs, results, deadline)
+
+    def _wait_for_others(self, batch: Sequence[Proposal], theirs: list[int], results: dict[int, Outcome],
+                         deadline: float | None) -> bool:
+        """Wait for the configs other workers hold, saying so, taking over a dead worker's; True on the deadline."""
+        next_note = time.monotonic()
+        while theirs and self.outcome.measured < self.trials:
+            if deadline is not None and time.monotonic() >= deadline:
+                self.outcome.stop = "timeout"
+                return True
+            if self.log is not None and time.monotonic() >= next_note:
+                next_note = time.monotonic() + WAIT_NOTE_S
+                holders = [self.board.holder(*self.claim_key(batch[i])) for i in theirs]
+                self.log(f"{self.chain.label}: {_waiting_note(holders, self.claim_grace_s)}")
+            time.sleep(POLL_S)
+            for b in (self.book, *self.stage_books):
+                b.refresh()
+            self.count()
+            theirs = [i for i in theirs if not self._taken_up(batch[i], i, results)]
+        return False
+
+    def _taken_up(self, p: Proposal, i: int, results: dict[int, Outcome]) -> bool:
+        """Whether ``p``, held by another worker, is settled now: its trial landed, or its claim came to us."""
+        held = self.board.holder(*self.claim_key(p))
+        if held is not None and held[1] and self.known(p) is None:
+            # A claim is marked done only after its trial is written, so the trial may have
+            # landed since the refresh: read again before calling the claim stale.
+            self.book_of(p).refresh()
+            if self.known(p) is None:
+                self.board.forget_done(*self.claim_key(p))  # done, no such trial: the study was made anew
+        got = self.known(p) or self.claim(p)  # a dead worker's claim goes to the next who asks
+        if isinstance(got, Outcome):
+            results[i] = got
+        elif isinstance(got, str):
+            results[i] = self.measure(p, got)
+        else:
+            return False
+        return True
 
 
 def _waiting_note(holders: Sequence[tuple[str, bool, float] | None], grace_s: float) -> str:
