@@ -117,52 +117,38 @@ def _fault(text: str) -> tuple[int, str]:
 # Parser
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common = _Parser(add_help=False)
-    common.add_argument("--debug", action="store_true", help="show tracebacks of errors")
-    stored = _Parser(add_help=False, parents=[common])  # the commands that read or write the study database
-    stored.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
-                        help=f"SQLAlchemy URL of the study database (default: {DEFAULT_STORAGE})")
+def _size_arguments(p: argparse.ArgumentParser) -> None:
+    """One flag per size any workload has, from the workload definitions."""
+    everyone = set(WORKLOADS)
+    for name, (doc, owners) in size_flags().items():
+        whose = "" if set(owners) == everyone else f" ({', '.join(owners)})"
+        # Each workload checks its own sizes (Workload.chain); the help says what they accept.
+        ranges = dict.fromkeys(get_workload(w).size_param(name).accepted for w in owners)
+        least = min(get_workload(w).size_param(name).least for w in owners)
+        p.add_argument(flag(name), dest=name, type=lambda text, least=least: _int_list(text, least), metavar="LIST",
+                       help=f"{doc}, comma separated{whose}; each {' or '.join(ranges)}")
 
-    parser = _Parser(prog="tuner", description="Auto-tuner for chains of dependent tiled CUDA kernels "
-                                               "that synchronize tile by tile.")
-    parser.add_argument("--version", action="version", version=f"tuner {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
-    def command(name: str, help_: str, run: Callable[[argparse.Namespace, list[str]], int],
-                storage: bool = True) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, parents=[stored if storage else common], help=help_, description=help_)
-        p.set_defaults(run=run)
-        return p
-
-    def sizes(p: argparse.ArgumentParser) -> None:
-        # One flag per size any workload has, from the workload definitions.
-        everyone = set(WORKLOADS)
-        for name, (doc, owners) in size_flags().items():
-            whose = "" if set(owners) == everyone else f" ({', '.join(owners)})"
-            # Each workload checks its own sizes (Workload.chain); the help says what they accept.
-            ranges = dict.fromkeys(get_workload(w).size_param(name).accepted for w in owners)
-            least = min(get_workload(w).size_param(name).least for w in owners)
-            p.add_argument(flag(name), dest=name, type=lambda text, least=least: _int_list(text, least), metavar="LIST",
-                           help=f"{doc}, comma separated{whose}; each {' or '.join(ranges)}")
-
-    from .backends import BACKENDS  # noqa: PLC0415
+def _strategy_argument(p: argparse.ArgumentParser, default: str | None) -> None:
     from .strategies import DEFAULT as DEFAULT_STRATEGY  # noqa: PLC0415
     from .strategies import STRATEGIES  # noqa: PLC0415
+
+    p.add_argument("--strategy", choices=list(STRATEGIES), default=default,
+                   help="staged: each stage timed alone, the fastest tilings paired under every sync choice, "
+                        "then a neighbourhood search and final rounds; tpe, random, grid: whole-chain "
+                        "configs (default: " + (default or f"the study file's, else {DEFAULT_STRATEGY}") + ")")
+
+
+def _study_arguments(p: argparse.ArgumentParser) -> None:
+    """The study command's arguments."""
+    from .backends import BACKENDS  # noqa: PLC0415
     from .study import CLAIM_GRACE_S, DEFAULT_TRIALS  # noqa: PLC0415
 
-    def strategy(p: argparse.ArgumentParser, default: str | None) -> None:
-        p.add_argument("--strategy", choices=list(STRATEGIES), default=default,
-                       help="staged: each stage timed alone, the fastest tilings paired under every sync choice, "
-                            "then a neighbourhood search and final rounds; tpe, random, grid: whole-chain "
-                            "configs (default: " + (default or f"the study file's, else {DEFAULT_STRATEGY}") + ")")
-
-    p = command("study", "tune a workload: one Optuna study per size and device", _cmd_study)
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
-    sizes(p)
+    _size_arguments(p)
     p.add_argument("--study-file", type=Path, metavar="F", help="study TOML (default: studies/<workload>.toml)")
     p.add_argument("--space", type=Path, metavar="F", help="search space TOML (default: the study file's)")
-    strategy(p, None)
+    _strategy_argument(p, None)
     p.add_argument("--seed", type=_non_negative_int, metavar="N", help="strategy seed")
     p.add_argument("--trials", type=_positive_int, metavar="N",
                    help="measured trials per size in total, stages timed alone included; staged keeps the last "
@@ -198,12 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="testing the isolation on a GPU: plant a fault in the N-th measured trial; "
                         "KIND is one of illegal_address, hang, missing_post")
 
-    p = command("bench", "search a workload's sizes on the GPU, then time the finalists against every baseline",
-                _cmd_bench)
+
+def _bench_arguments(p: argparse.ArgumentParser) -> None:
+    """The bench command's arguments."""
+    from .strategies import DEFAULT as DEFAULT_STRATEGY  # noqa: PLC0415
+
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
-    sizes(p)
+    _size_arguments(p)
     p.add_argument("--space", type=Path, metavar="F", help="search space TOML (default: search_spaces/<workload>.toml)")
-    strategy(p, DEFAULT_STRATEGY)
+    _strategy_argument(p, DEFAULT_STRATEGY)
     p.add_argument("--trials", type=_positive_int, metavar="N",
                    help="measured trials of the search per size, as for study (a size the storage already "
                         "holds costs no new trial); then the 3 fastest chains of each kind of sync (stream, pdl, tile) are "
@@ -228,6 +217,32 @@ def build_parser() -> argparse.ArgumentParser:
                         "(repeatable)")
     output_argument(p, "PATH", "summary JSON (default: studies/<workload>.bench.json); the recording of every "
                         "measurement goes beside it as <name>.measurements.json")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    stored = _Parser(add_help=False, parents=[common])  # the commands that read or write the study database
+    stored.add_argument("--storage", default=DEFAULT_STORAGE, metavar="URL",
+                        help=f"SQLAlchemy URL of the study database (default: {DEFAULT_STORAGE})")
+
+    parser = _Parser(prog="tuner", description="Auto-tuner for chains of dependent tiled CUDA kernels "
+                                               "that synchronize tile by tile.")
+    parser.add_argument("--version", action="version", version=f"tuner {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    def command(name: str, help_: str, run: Callable[[argparse.Namespace, list[str]], int],
+                storage: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[stored if storage else common], help=help_, description=help_)
+        p.set_defaults(run=run)
+        return p
+
+    p = command("study", "tune a workload: one Optuna study per size and device", _cmd_study)
+    _study_arguments(p)
+
+    p = command("bench", "search a workload's sizes on the GPU, then time the finalists against every baseline",
+                _cmd_bench)
+    _bench_arguments(p)
 
     from .export import FORMATS  # noqa: PLC0415
 
@@ -259,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
                 storage=False)
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
     p.add_argument("--arch", default="sm_90", help="target architecture (default: sm_90)")
-    sizes(p)
+    _size_arguments(p)
     p.add_argument("--jobs", type=_positive_int, metavar="N", help="parallel compiles")
     p.add_argument("--limit", type=_positive_int, metavar="N", help="compile at most N configs per size")
     return parser
@@ -273,94 +288,109 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
     from .backends import get_backend  # noqa: PLC0415
     from .space import load_space  # noqa: PLC0415
     from .store import MeasurementStore  # noqa: PLC0415
-    from .bench import picked_configs  # noqa: PLC0415
-    from .paths import home  # noqa: PLC0415
-    from .report import recorded_library  # noqa: PLC0415
-    from .study import default_study, describe, figure_tag, load_study_file, outcome_table, run_study  # noqa: PLC0415
+    from .study import default_study, load_study_file  # noqa: PLC0415
 
     wl = get_workload(args.workload)
     if args.gpus:
-        from .backends import gpu_count  # noqa: PLC0415
-        from .workers import check_gpus, run_workers, strip_option  # noqa: PLC0415
-
-        gpus = args.gpus
-        if gpus == "all":
-            count = gpu_count()
-            if not count:
-                raise UsageError("--gpus all: no CUDA device is visible here; accepted: GPU indices (e.g. 0,1), "
-                                 "or run on a GPU host")
-            gpus = tuple(range(count))
-        # Replaying workers, or no GPU to count: nothing to check the indices against.
-        check_gpus(gpus, (gpu_count() or None) if args.backend != "replay" else None)
-        return run_workers(strip_option(argv, "--gpus"), gpus)
+        return _study_workers(args, argv)
     spec = load_study_file(args.study_file) if args.study_file else default_study(wl.name)
     if spec.workload != wl.name:
         raise UsageError(f"{spec.source} tunes {spec.workload}, not {wl.name}; accepted: "
                          f"python -m tuner study {spec.workload} --study-file {args.study_file}")
     chains = [wl.chain(**size) for size in wl.requested_sizes(vars(args), spec.sizes)]
     space = load_space(args.space or spec.space)
-    strategy = args.strategy or spec.strategy
-    seed = spec.seed if args.seed is None else args.seed
-    trials = args.trials or spec.trials
-    timeout = args.timeout or spec.timeout
     MeasurementStore(args.storage).close()  # an unusable storage fails here, before any work
 
     backend = get_backend(args.backend, args.replay_file, announce=print, plant=dict(args.plant_fault),
                           deadline_s=args.deadline, graphs=args.graphs)
-    if args.graphs and backend.replayed:
-        backend.close()
-        raise UsageError("--graphs times CUDA graph replays on a GPU, and none is in use; accepted without a GPU: "
-                         "the study without --graphs (a replay answers as its recording was timed)")
-    if args.sustained and backend.replayed:
-        backend.close()
-        raise UsageError("--sustained times the final rounds under load on a GPU, and none is in use; accepted "
-                         "without a GPU: the study without --sustained (a replay runs no final rounds)")
     try:
-        tag = figure_tag(backend)
+        if args.graphs and backend.replayed:
+            raise UsageError("--graphs times CUDA graph replays on a GPU, and none is in use; accepted without a "
+                             "GPU: the study without --graphs (a replay answers as its recording was timed)")
+        if args.sustained and backend.replayed:
+            raise UsageError("--sustained times the final rounds under load on a GPU, and none is in use; accepted "
+                             "without a GPU: the study without --sustained (a replay runs no final rounds)")
         if backend.synthetic:
             files = ", ".join(str(r.path) for r in backend.recordings if r.synthetic)
             print(f"WARNING: synthetic figures, not measurements: {files} holds figures made by a cost model; "
                   "every figure below is marked 'replayed, synthetic'")
         if backend.supports("labels"):
-            recorded = set(backend.labels())
-            runnable = [c for c in chains if c.label in recorded]
-            named = args.study_file is not None or any(getattr(args, p, None) for p in wl.params)
-            if named:  # sizes the user asked for by name: say which of them cannot be replayed
-                for c in chains:
-                    if c.label not in recorded:
-                        print(f"{c.label}: skipped, no recorded measurements to replay")
-            elif runnable and len(runnable) < len(chains):
-                sizes = ", ".join(str(c.size_dict[wl.sweep_param]) for c in runnable)
-                print(f"replaying the {len(runnable)} sizes the recordings hold ({wl.sweep_param} {sizes}); the "
-                      f"other {len(chains) - len(runnable)} of {spec.source} need a GPU (or name sizes: "
-                      f"{flag(wl.sweep_param)} LIST)")
-            if not runnable:
-                mine = sorted((lb for lb in recorded if lb.startswith(f"{wl.name}/")), key=_size_key)
-                raise UsageError(f"the recordings hold no size of this sweep; recorded {wl.name} sizes: "
-                                 f"{shortlist(lb.split('/', 1)[1] for lb in mine) or 'none'}; "
-                                 f"accepted: those sizes ({flag(wl.sweep_param)} ...), or a GPU")
-            chains = runnable
-        warm_file = None if args.no_warm_start else (args.warm_start or home() / "studies" / f"{wl.name}.bench.json")
-        if args.warm_start is not None and not args.no_warm_start and not args.warm_start.is_file():
-            raise UsageError(f"--warm-start {args.warm_start}: no such file; accepted: a bench summary "
-                             "(python -m tuner bench writes one)")
-        outcomes = []
-        for chain in chains:
-            warm = picked_configs(warm_file, chain.label) if warm_file is not None else []
-            outcome = run_study(chain, space, backend, args.storage, strategy=strategy, seed=seed, trials=trials,
-                                timeout=timeout, progress=True, warm=warm, transfer=not args.no_transfer, log=print,
-                                sustained_s=args.sustained or 0.0,
-                                **({} if args.claim_grace is None else {"claim_grace_s": args.claim_grace}))
-            print(describe(outcome, tag))
-            outcomes.append(outcome)
-            if outcome.interrupted:
-                print(f"interrupted: every measured trial is stored in {args.storage}; "
-                      f"resume with: python -m tuner {shlex.join(argv)}", file=sys.stderr)
-                return EXIT_INTERRUPTED
-        if len(outcomes) > 1 or any(o.summary.best is not None for o in outcomes):
-            print(outcome_table(outcomes, wl.sweep_param, tag, recorded_library(backend)))
+            chains = _replayable(chains, backend, args, spec.source)
+        return _study_sizes(chains, space, backend, spec, args, argv)
     finally:
         backend.close()
+
+
+def _study_workers(args: argparse.Namespace, argv: list[str]) -> int:
+    """``study --gpus``: the same command, one worker process per GPU."""
+    from .backends import gpu_count  # noqa: PLC0415
+    from .workers import check_gpus, run_workers, strip_option  # noqa: PLC0415
+
+    gpus = args.gpus
+    if gpus == "all":
+        count = gpu_count()
+        if not count:
+            raise UsageError("--gpus all: no CUDA device is visible here; accepted: GPU indices (e.g. 0,1), "
+                             "or run on a GPU host")
+        gpus = tuple(range(count))
+    # Replaying workers, or no GPU to count: nothing to check the indices against.
+    check_gpus(gpus, (gpu_count() or None) if args.backend != "replay" else None)
+    return run_workers(strip_option(argv, "--gpus"), gpus)
+
+
+def _replayable(chains: list, backend, args: argparse.Namespace, source: str) -> list:
+    """The chains a replay can answer for. Sizes the user named that it cannot are each said; of a
+    study file's default sizes, the recorded ones run, and one line says so."""
+    wl = get_workload(args.workload)
+    recorded = set(backend.labels())
+    runnable = [c for c in chains if c.label in recorded]
+    named = args.study_file is not None or any(getattr(args, p, None) for p in wl.params)
+    if named:
+        for c in chains:
+            if c.label not in recorded:
+                print(f"{c.label}: skipped, no recorded measurements to replay")
+    elif runnable and len(runnable) < len(chains):
+        sizes = ", ".join(str(c.size_dict[wl.sweep_param]) for c in runnable)
+        print(f"replaying the {len(runnable)} sizes the recordings hold ({wl.sweep_param} {sizes}); the "
+              f"other {len(chains) - len(runnable)} of {source} need a GPU (or name sizes: "
+              f"{flag(wl.sweep_param)} LIST)")
+    if not runnable:
+        mine = sorted((lb for lb in recorded if lb.startswith(f"{wl.name}/")), key=_size_key)
+        raise UsageError(f"the recordings hold no size of this sweep; recorded {wl.name} sizes: "
+                         f"{shortlist(lb.split('/', 1)[1] for lb in mine) or 'none'}; "
+                         f"accepted: those sizes ({flag(wl.sweep_param)} ...), or a GPU")
+    return runnable
+
+
+def _study_sizes(chains: list, space, backend, spec, args: argparse.Namespace, argv: list[str]) -> int:
+    """Each size's study in turn, a line per size, then the table of them all."""
+    from .bench import picked_configs  # noqa: PLC0415
+    from .paths import home  # noqa: PLC0415
+    from .report import recorded_library  # noqa: PLC0415
+    from .study import describe, figure_tag, outcome_table, run_study  # noqa: PLC0415
+
+    wl = get_workload(args.workload)
+    tag = figure_tag(backend)
+    warm_file = None if args.no_warm_start else (args.warm_start or home() / "studies" / f"{wl.name}.bench.json")
+    if args.warm_start is not None and not args.no_warm_start and not args.warm_start.is_file():
+        raise UsageError(f"--warm-start {args.warm_start}: no such file; accepted: a bench summary "
+                         "(python -m tuner bench writes one)")
+    outcomes = []
+    for chain in chains:
+        warm = picked_configs(warm_file, chain.label) if warm_file is not None else []
+        outcome = run_study(chain, space, backend, args.storage, strategy=args.strategy or spec.strategy,
+                            seed=spec.seed if args.seed is None else args.seed, trials=args.trials or spec.trials,
+                            timeout=args.timeout or spec.timeout, progress=True, warm=warm,
+                            transfer=not args.no_transfer, log=print, sustained_s=args.sustained or 0.0,
+                            **({} if args.claim_grace is None else {"claim_grace_s": args.claim_grace}))
+        print(describe(outcome, tag))
+        outcomes.append(outcome)
+        if outcome.interrupted:
+            print(f"interrupted: every measured trial is stored in {args.storage}; "
+                  f"resume with: python -m tuner {shlex.join(argv)}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+    if len(outcomes) > 1 or any(o.summary.best is not None for o in outcomes):
+        print(outcome_table(outcomes, wl.sweep_param, tag, recorded_library(backend)))
     return 0
 
 
