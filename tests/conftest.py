@@ -6,12 +6,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
+import sqlalchemy as sa
+
 from tuner.backends import gpu_visible
+from tuner.store import driver_url
 
 ROOT = Path(__file__).resolve().parent.parent
 SYNTHETIC = ROOT / "tests" / "data" / "synthetic_measurements.json"
@@ -65,3 +69,23 @@ def fast_dir(tmp_path_factory) -> Path:
 def storage(fast_dir: Path) -> str:
     """A fresh SQLite storage URL of the test's own, on tmpfs when there is one."""
     return f"sqlite:///{tempfile.mkdtemp(dir=fast_dir)}/tuner.db"
+
+
+@pytest.fixture
+def postgres() -> str:
+    """A fresh, empty database on the test PostgreSQL server: ``.ci/run`` starts one on loopback and
+    passes its URL in ``TUNER_TEST_POSTGRES``; elsewhere the tests that need it are skipped, unless
+    ``TUNER_REQUIRE_POSTGRES`` is set, which makes a missing server a failure."""
+    base = os.environ.get("TUNER_TEST_POSTGRES")
+    if not base:
+        if os.environ.get("TUNER_REQUIRE_POSTGRES"):
+            pytest.fail("TUNER_REQUIRE_POSTGRES is set but TUNER_TEST_POSTGRES names no server")
+        pytest.skip("no PostgreSQL server (set TUNER_TEST_POSTGRES to a database URL; .ci/run starts one)")
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(driver_url(base), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE {name}")
+    yield base.rsplit("/", 1)[0] + "/" + name
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    admin.dispose()

@@ -134,16 +134,16 @@ def test_every_edit_of_a_stored_sqlite_study_is_refused_in_one_line(capsys, tmp_
     fuzz(reset, capsys, tmp_path, seed=seed, rounds=5)
 
 
-def test_every_edit_of_a_stored_postgresql_study_is_refused_in_one_line(capsys, tmp_path, postgres_url):
-    make_study(postgres_url, capsys)
-    e = engine(postgres_url)
+def test_every_edit_of_a_stored_postgresql_study_is_refused_in_one_line(capsys, tmp_path, postgres):
+    make_study(postgres, capsys)
+    e = engine(postgres)
     tables = ("trial_params", "trial_user_attributes", "study_user_attributes")
     with e.connect() as conn:
         saved = {t: conn.execute(sa.text(f"SELECT * FROM {t}")).mappings().all() for t in tables}
     e.dispose()
 
     def reset() -> str:
-        e = engine(postgres_url)
+        e = engine(postgres)
         with e.begin() as conn:
             for t in tables:
                 conn.execute(sa.text(f"DELETE FROM {t}"))
@@ -152,29 +152,9 @@ def test_every_edit_of_a_stored_postgresql_study_is_refused_in_one_line(capsys, 
                     conn.execute(sa.text(f"INSERT INTO {t} ({cols}) VALUES ({', '.join(':' + c for c in row)})"),
                                  dict(row))
         e.dispose()
-        return postgres_url
+        return postgres
 
     fuzz(reset, capsys, tmp_path, seed=21, rounds=6)
-
-
-@pytest.fixture
-def postgres_url():
-    """A fresh database on the CI's PostgreSQL server (see tests/test_workers.py)."""
-    import uuid
-
-    base = os.environ.get("TUNER_TEST_POSTGRES")
-    if not base:
-        if os.environ.get("TUNER_REQUIRE_POSTGRES"):
-            pytest.fail("TUNER_REQUIRE_POSTGRES is set but TUNER_TEST_POSTGRES names no server")
-        pytest.skip("no PostgreSQL server (set TUNER_TEST_POSTGRES; .ci/run starts one)")
-    name = f"h_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(driver_url(base), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE {name}")
-    yield base.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    admin.dispose()
 
 
 # ---------------------------------------------------------------------------
@@ -271,11 +251,11 @@ def test_reading_commands_leave_an_sqlite_file_and_its_folder_as_they_were(capsy
         assert digest(db.parent) == before, f"{argv[0]} changed the storage's folder"
 
 
-def test_reading_commands_create_no_table_in_an_empty_postgresql_database(capsys, postgres_url, tmp_path):
+def test_reading_commands_create_no_table_in_an_empty_postgresql_database(capsys, postgres, tmp_path):
     for argv in (["show", "gpt3"], ["export", "gpt3", "-o", str(tmp_path / "e.json")], ["list"]):
-        code, _, err = run(capsys, *argv, "--storage", postgres_url)
+        code, _, err = run(capsys, *argv, "--storage", postgres)
         assert code == (0 if argv == ["list"] else 2), err
-    e = engine(postgres_url)
+    e = engine(postgres)
     assert sa.inspect(e).get_table_names() == []
     e.dispose()
 
@@ -342,8 +322,8 @@ def test_the_stream_baseline_is_measured_first_at_any_budget(capsys, storage, tr
 def test_every_command_that_writes_a_file_takes_o_and_out():
     parser = cli.build_parser()
     for argv in (["export", "gpt3"], ["bench", "gpt3"], ["report", "gpt3"]):
-        for flag in ("-o", "--out"):
-            assert parser.parse_args([*argv, flag, "x"]).out == Path("x")
+        for option in ("-o", "--out"):
+            assert parser.parse_args([*argv, option, "x"]).out == Path("x")
 
 
 @pytest.mark.parametrize("name", list(WORKLOADS))

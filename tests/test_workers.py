@@ -12,13 +12,11 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
 import optuna
 import pytest
-import sqlalchemy as sa
 from optuna.trial import TrialState
 
 from tuner.store import driver_url
@@ -31,24 +29,6 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 def study_command(url: str, trials: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "tuner", "study", "gpt3", "--backend", "replay", "--replay-file", str(SYNTHETIC),
             "--tokens", "64", "--trials", str(trials), "--seed", "5", "--storage", url, *extra]
-
-
-@pytest.fixture
-def postgres() -> str:
-    """A fresh, empty database on the test server."""
-    base = os.environ.get("TUNER_TEST_POSTGRES")
-    if not base:
-        if os.environ.get("TUNER_REQUIRE_POSTGRES"):
-            pytest.fail("TUNER_REQUIRE_POSTGRES is set but TUNER_TEST_POSTGRES names no server")
-        pytest.skip("no PostgreSQL server (set TUNER_TEST_POSTGRES to a database URL; .ci/run starts one)")
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(driver_url(base), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE {name}")
-    yield base.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    admin.dispose()
 
 
 def all_trials(url: str) -> tuple[list, Counter]:

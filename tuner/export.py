@@ -15,7 +15,7 @@ from typing import Any
 
 from . import UsageError, __version__
 from .backends.base import FAIL_REASONS
-from .config import GLOBAL_DEFAULTS, GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, Config, ConfigError
+from .config import GLOBAL_DEFAULTS, GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, ConfigError
 from .store import open_optuna_storage
 from .study import summarize
 from .trials import final_heat, trial_config
