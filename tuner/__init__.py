@@ -12,6 +12,13 @@ class UsageError(Exception):
     """
 
 
+def shown(value, most: int = 40) -> str:
+    """``repr(value)``, cut to ``most`` characters: a value read from outside (a tampered storage, a
+    file) goes into an error line whole only when it is short."""
+    text = repr(value)
+    return text if len(text) <= most else text[:most - 3] + "..."
+
+
 def shortlist(items, most: int = 8) -> str:
     """``a, b, c`` for a few items; the first ``most`` and a count of the rest for many, so an
     error stays one readable line."""

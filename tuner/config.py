@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from . import UsageError
+from . import UsageError, shown
 from .prefetch import PREFETCHES
 from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES
 from .tiling import (TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, TILE_LIMITS, TILE_OMITTED_AT_DEFAULT,  # noqa: F401
@@ -57,9 +57,7 @@ def field_value(name: str, value: Any, where: str = "config") -> Any:
         accepted = f"an integer from {least} to {most}"
     else:
         raise ConfigError(f"{where}: unknown field {name!r}; accepted: {', '.join(TILE_FIELDS + GLOBAL_FIELDS)}")
-    shown = repr(value)
-    shown = shown if len(shown) <= 40 else shown[:37] + "..."
-    raise ConfigError(f"{where}: {name} = {shown}: accepted: {accepted}")
+    raise ConfigError(f"{where}: {name} = {shown(value)}: accepted: {accepted}")
 
 
 @dataclass(frozen=True)
@@ -112,14 +110,14 @@ class Config:
             raise ConfigError(f"{where}: {len(d['tiles'])} tilings: accepted: 1 to {MAX_STAGES}")
         unknown = sorted(str(k) for k in d if k != "tiles" and k not in GLOBAL_FIELDS)
         if unknown:
-            raise ConfigError(f"{where}: unknown field {unknown[0][:40]!r}; accepted: tiles, {', '.join(GLOBAL_FIELDS)}")
+            raise ConfigError(f"{where}: unknown field {shown(unknown[0])}; accepted: tiles, {', '.join(GLOBAL_FIELDS)}")
         tiles = []
         for i, t in enumerate(d["tiles"]):
             if not isinstance(t, Mapping):
                 raise ConfigError(f"{where}: tiles[{i}] is a {type(t).__name__}, not an object")
             odd = sorted(str(k) for k in t if k not in TILE_FIELDS)
             if odd:
-                raise ConfigError(f"{where}: tiles[{i}]: unknown field {odd[0][:40]!r}; accepted: {', '.join(TILE_FIELDS)}")
+                raise ConfigError(f"{where}: tiles[{i}]: unknown field {shown(odd[0])}; accepted: {', '.join(TILE_FIELDS)}")
             tiles.append(_tiles(t, f"{where}: tiles[{i}]"))
         return cls(tuple(tiles), *_globals(d, where))
 

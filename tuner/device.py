@@ -6,7 +6,7 @@ import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from . import UsageError
+from . import UsageError, shown
 
 ARCH = re.compile(r"sm_\d{2,3}a?")  # what an architecture name looks like: sm_90, sm_90a
 
@@ -44,10 +44,10 @@ class DeviceInfo:
                 continue
             v = d[f.name]
             if f.type == "int" and not (isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2 ** 40):
-                raise DeviceError(f"{where}: {f.name} = {str(v)[:40]!r}: accepted: a positive integer")
+                raise DeviceError(f"{where}: {f.name} = {shown(v)}: accepted: a positive integer")
             if f.type == "str" and not (isinstance(v, str) and v.isprintable() and len(v) <= 255):
-                raise DeviceError(f"{where}: {f.name} = {str(v)[:40]!r}: accepted: one line of printable text")
+                raise DeviceError(f"{where}: {f.name} = {shown(v)}: accepted: one line of printable text")
             out[f.name] = v
         if not ARCH.fullmatch(out.get("arch", "sm_90")):
-            raise DeviceError(f"{where}: arch = {out['arch'][:40]!r}: accepted: sm_XY or sm_XYa (e.g. sm_90)")
+            raise DeviceError(f"{where}: arch = {shown(out['arch'])}: accepted: sm_XY or sm_XYa (e.g. sm_90)")
         return cls(**out)

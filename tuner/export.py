@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from . import UsageError, __version__
+from . import UsageError, __version__, shown
 from .backends.base import FAIL_REASONS
 from .config import GLOBAL_DEFAULTS, GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, ConfigError
 from .store import open_optuna_storage
@@ -102,8 +102,7 @@ def _printable(text: Any, what: str, study: str) -> str:
     """A stored name (a device's, a study's), refused unless it is one line of printable text: it
     goes into file names, C++ strings and comments."""
     if not isinstance(text, str) or not text.isprintable() or len(text) > 1024:
-        shown = repr(text) if len(repr(text)) <= 40 else repr(text)[:37] + "..."
-        raise ConfigError(f"study {study[:80]!r}: {what} {shown}: accepted: one line of printable text")
+        raise ConfigError(f"study {shown(study, 80)}: {what} {shown(text)}: accepted: one line of printable text")
     return text
 
 
@@ -116,8 +115,6 @@ def _study_chain(attrs: dict[str, Any], study: str) -> Any:
         return get_workload(str(attrs.get("workload"))).chain(**size)
     except (WorkloadError, TypeError) as exc:
         raise ConfigError(f"study {study!r}: its size is not one this version can run: {exc}") from None
-
-
 
 
 def document(storage: str, workload: str) -> dict[str, Any]:
@@ -149,7 +146,6 @@ def _cpp_str(text: str) -> str:
         c = chr(b)
         out.append("\\" + c if c in '"\\' else c if 32 <= b < 127 else f"\\{b:03o}")
     return '"' + "".join(out) + '"'
-
 
 
 def to_header(doc: dict[str, Any]) -> str:

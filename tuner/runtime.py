@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import UsageError
+from . import UsageError, shown
 from .workloads import get_workload
 
 
@@ -52,7 +52,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         raise BundleError(f"{path}: its config tiles {len(config.tiles)} stages, its chain has {len(chain.stages)}")
     for key, name in m["files"].items():
         if not isinstance(name, str) or Path(name).name != name or name.startswith("."):
-            raise BundleError(f"{path}: files.{key} = {str(name)[:40]!r}: accepted: a file name inside {folder}")
+            raise BundleError(f"{path}: files.{key} = {shown(name)}: accepted: a file name inside {folder}")
     return m
 
 
@@ -212,7 +212,7 @@ class TunedChain:
 def _inside(rel: Any, root: Path) -> str:
     """An entry's folder, relative to the bundle: refused where it would lead out of it."""
     if not isinstance(rel, str) or Path(rel).is_absolute() or ".." in Path(rel).parts:
-        raise BundleError(f"{root / 'index.json'}: entry path {str(rel)[:40]!r}: accepted: a folder inside {root}")
+        raise BundleError(f"{root / 'index.json'}: entry path {shown(rel)}: accepted: a folder inside {root}")
     return rel
 
 

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
-from . import UsageError, shortlist
+from . import UsageError, shortlist, shown
 from .backends.base import FAIL_REASONS, DeviceInfo, Measurement
 from .config import Config, ConfigError
 from .tiling import refitted
@@ -219,8 +219,7 @@ class TrialBook:
         for param, value in (trial.params or {}).items():
             dist = self.dists.get(param)
             if dist is None or value not in dist.choices:
-                shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-                raise ConfigError(f"study {self.name!r}, trial {trial.number}: {param} = {shown} is not in the "
+                raise ConfigError(f"study {self.name!r}, trial {trial.number}: {param} = {shown(value)} is not in the "
                                   "search space it was run with; accepted: a value the space lists")
         return c
 

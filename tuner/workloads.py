@@ -15,6 +15,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
+from . import shown
 from .stages import WorkloadError
 from .stages import Stage
 from .stages.attention import AttentionStage
@@ -81,8 +82,7 @@ class SizeParam:
             if isinstance(value, int) and self.least <= value <= self.most and self.multiple_of > 1:
                 m = self.multiple_of
                 near = " (nearest: " + " or ".join(str(v) for v in (value // m * m, value // m * m + m) if v) + ")"
-            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-            raise WorkloadError(f"workload {workload}: {flag(self.name)} {shown}: accepted: {self.accepted}{near}")
+            raise WorkloadError(f"workload {workload}: {flag(self.name)} {shown(value)}: accepted: {self.accepted}{near}")
         return value
 
 

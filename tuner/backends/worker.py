@@ -92,9 +92,10 @@ class WorkerBackend(Backend):
         self._conn = None
         self._device: DeviceInfo | None = None
         self.restarts = 0
-        self.replayed = bool(getattr(_load(factory), "replayed", False))
-        self.name = getattr(_load(factory), "name", "worker")
-        self.features = frozenset(getattr(_load(factory), "features", frozenset()))  # what the child offers
+        child = _load(factory)  # the class the child runs: what it is and offers, read once here
+        self.replayed = bool(getattr(child, "replayed", False))
+        self.name = getattr(child, "name", "worker")
+        self.features = frozenset(getattr(child, "features", frozenset()))
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
