@@ -23,11 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tuner.backends import get_backend  # noqa: E402
+from tuner.chain.workloads import get_workload  # noqa: E402
 from tuner.paths import home  # noqa: E402
-from tuner.space import load_space  # noqa: E402
-from tuner.study import figure_tag, run_study  # noqa: E402
-from tuner.trials import measured_history, trials_to_within  # noqa: E402
-from tuner.workloads import get_workload  # noqa: E402
+from tuner.search.space import load_space  # noqa: E402
+from tuner.storage.trials import measured_history, trials_to_within  # noqa: E402
+from tuner.study.loop import run_study  # noqa: E402
+from tuner.study.outcome import figure_tag  # noqa: E402
 
 MARKS = (25, 50, 100, 200, 400)
 WITHIN = 1.03

@@ -4,13 +4,13 @@
 
 Reads every measured stage-alone record (labels ``workload.stage/...``) of the recordings
 (default: ``studies/*.measurements.json`` and ``studies/search/*.measurements.json``), computes
-``tuner.model.features`` of each tiling, and fits, by ridge regression in logs, the measured
+``tuner.search.cost_model.features`` of each tiling, and fits, by ridge regression in logs, the measured
 time's deviation from its stage's mean as a linear function of them: the fit learns to order
 a stage's tilings, not to predict times. It first reports how well the coarse model and the fit
 order the tilings of each size the fit has not seen (leave one size out): the median rank
 correlation with the measured order, and how close the best of the four tilings each puts first
 comes to the best recorded. With ``--write`` it fits on everything and writes
-``tuner/cost_fit.json``, which ``tuner.model.rank_seconds`` reads. The figures are replayed from
+``tuner/cost_fit.json``, which ``tuner.search.cost_model.rank_seconds`` reads. The figures are replayed from
 recordings: the fit can only be judged on tilings that were measured, which the staged search
 chose.
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import math
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -30,9 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tuner.backends.base import DeviceInfo  # noqa: E402
+from tuner.chain.workloads import chain_from_label  # noqa: E402
 from tuner.config import Config, StageGrid  # noqa: E402
-from tuner.model import FIT_FILE, features, stage_seconds  # noqa: E402
-from tuner.workloads import chain_from_label  # noqa: E402
+from tuner.search.cost_model import FIT_FILE, features, stage_seconds  # noqa: E402
 
 TOP = 4  # tilings the search times first, per stage, in this report
 
@@ -136,7 +135,7 @@ def main() -> int:
               f"{j['share_top_within_2pct']:10.2f}")
     if args.write:
         w = fit(rows, names, args.ridge)
-        doc = {"about": "tuner.model.rank_seconds: log time = weights . features, fitted to order a stage's "
+        doc = {"about": "tuner.search.cost_model.rank_seconds: log time = weights . features, fitted to order a stage's "
                         "tilings; written by benchmarks/fit_cost_model.py --write",
                "device": device, "records": n, "stages": len(rows), "ridge": args.ridge,
                "recordings": [str(Path(p).relative_to(ROOT)) for p in paths],

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.backends.gpu import GpuBackend, Runner  # noqa: E402
 from tuner.backends.replay import Record, ReplayError, read_recording  # noqa: E402
-from tuner.workloads import Chain, chain_from_label  # noqa: E402
+from tuner.chain.workloads import Chain, chain_from_label  # noqa: E402
 
 
 def target_arguments(ap: argparse.ArgumentParser) -> None:

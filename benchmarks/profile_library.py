@@ -7,7 +7,7 @@
 
 LABEL names a chain (``gpt3/tokens=256,...``) or a stage of it timed alone (``gpt3.gemm1/...``),
 as bench's recordings label them. The chain's PyTorch forms are those bench times
-(``tuner.baselines.torch_chains``: eager, CUDA graph, and the graph with cuBLASLt's epilogue
+(``tuner.bench.baselines.torch_chains``: eager, CUDA graph, and the graph with cuBLASLt's epilogue
 where one applies), on the same random inputs. For each form (or the one whose name contains
 ``--variant``), every kernel a call runs, under the PyTorch profiler: name, grid, block,
 registers, shared memory and median duration over 20 calls. Then it calls the chosen forms
@@ -25,7 +25,7 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.workloads import WorkloadError, chain_from_label  # noqa: E402
+from tuner.chain.workloads import WorkloadError, chain_from_label  # noqa: E402
 
 LISTED_CALLS = 20
 
@@ -67,7 +67,7 @@ def main() -> int:
     except WorkloadError as exc:
         raise SystemExit(str(exc)) from None
     from tuner.backends.gpu import GpuBackend
-    from tuner.baselines import torch_chains
+    from tuner.bench.baselines import torch_chains
 
     p = GpuBackend().problem(chain)
     forms = {k: f for k, f in torch_chains(chain, p.xs[0], p.ws[0]).items() if args.variant in k}

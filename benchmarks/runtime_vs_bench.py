@@ -1,4 +1,4 @@
-"""A bundle's tuned chains run through tuner.runtime, against the same configs timed as bench times them.
+"""A bundle's tuned chains run through tuner.shipping.runtime, against the same configs timed as bench times them.
 
     python -m tuner export WORKLOAD --format bundle -o BUNDLE
     python benchmarks/runtime_vs_bench.py BUNDLE [BUNDLE ...] [--rounds 5] [--json F]
@@ -20,9 +20,9 @@ from statistics import median
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.backends.gpu import VERIFY_TOL, GpuBackend, _time_runs, reference, rel_error  # noqa: E402
+from tuner.chain.workloads import get_workload  # noqa: E402
 from tuner.config import Config  # noqa: E402
-from tuner.runtime import load  # noqa: E402
-from tuner.workloads import get_workload  # noqa: E402
+from tuner.shipping.runtime import load  # noqa: E402
 
 
 def measure_entry(backend: GpuBackend, rt, manifest: dict, rounds: int) -> dict:

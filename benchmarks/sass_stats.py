@@ -7,7 +7,7 @@ MMA loops, rendered from this checkout's kernel templates and from each variant'
 
 Variants, ``--config`` and ``--also`` as in ``template_ab.py``. Each source is compiled with NVRTC (on the
 CPU, through the kernel cache) and disassembled with ``nvdisasm`` (``pip install
-'.[inspect]'``); for each kernel it prints the static counts of its MMA loop (``tuner/sass.py``
+'.[inspect]'``); for each kernel it prints the static counts of its MMA loop (``tuner/codegen/sass.py``
 says which loop and what is counted): instructions per ``HGMMA``, the register-to-uniform moves,
 the ``wgmma`` fences and waits, whether ptxas serialized the MMAs, and the copy loops (per pass)
 where the MMA warps copy operands themselves. Counts of the code, not measurements of its time:
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from template_ab import also_arguments, config_arguments, picked_configs, tile_variant, variant_homes  # noqa: E402
 
-from tuner.sass import DisassemblerMissing, disassemble, mma_loop, nvdisasm, parse_sass  # noqa: E402
+from tuner.codegen.sass import DisassemblerMissing, disassemble, mma_loop, nvdisasm, parse_sass  # noqa: E402
 
 SHOWN = ("HGMMA", "R2UR", "WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR", "SYNCS", "BAR")
 
@@ -44,10 +44,10 @@ def main() -> int:
     except DisassemblerMissing as exc:
         raise SystemExit(str(exc)) from None
 
-    from tuner.compile import CompileError, compile_source
+    from tuner.chain.workloads import chain_from_label
+    from tuner.codegen.compile import CompileError, compile_source
+    from tuner.codegen.render import render
     from tuner.device import DeviceInfo
-    from tuner.render import render
-    from tuner.workloads import chain_from_label
 
     dump = Path(args.dump) if args.dump else None
     if dump:

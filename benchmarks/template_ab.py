@@ -34,9 +34,9 @@ from statistics import median
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.backends.replay import Record, ReplayError, read_recording  # noqa: E402
+from tuner.chain.workloads import chain_from_label  # noqa: E402
 from tuner.cli import sustained_argument  # noqa: E402
 from tuner.paths import home  # noqa: E402
-from tuner.workloads import chain_from_label  # noqa: E402
 
 
 def variant_homes(paths: list[str]) -> dict[str, Path]:
@@ -86,10 +86,10 @@ def tile_variant(chain, config, change: str, device, notes: list[str] | None = N
     tiling and the reason for a None, so a refused change is not silently skipped."""
     from dataclasses import replace
 
-    from tuner.checker import check
+    from tuner.chain.tiling import StageGrid, tile_value
+    from tuner.checker.checks import check
     from tuner.config import GLOBAL_FIELDS, TILE_FIELDS
-    from tuner.constraints import Limits, chain_problem, stage_problem
-    from tuner.tiling import StageGrid, tile_value
+    from tuner.search.constraints import Limits, chain_problem, stage_problem
 
     notes = [] if notes is None else notes
     fields, globals_ = {}, {}
@@ -184,7 +184,7 @@ def main() -> int:
         os.environ["TUNER_HOME"] = str(homes["this checkout"])
         library = {}
         if args.library:
-            from tuner.baselines import baseline_timers
+            from tuner.bench.baselines import baseline_timers
 
             p = gpu.problem(chain)
             library = baseline_timers(chain, list(zip(p.xs, p.ws)), graphs=args.graphs)

@@ -22,7 +22,8 @@ from statistics import median
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from profile_config import load_target, target_arguments  # noqa: E402 - the script beside this one
-from tuner.baselines import rotating, time_torch, torch_chains  # noqa: E402
+
+from tuner.bench.baselines import rotating, time_torch, torch_chains  # noqa: E402
 
 
 def kernels(run, replays: int) -> list[tuple[str, float, float]]:

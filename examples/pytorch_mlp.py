@@ -15,7 +15,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-import tuner.runtime
+import tuner.shipping.runtime
 
 
 class MLP(torch.nn.Module):
@@ -30,7 +30,7 @@ class MLP(torch.nn.Module):
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
-def tuned_forward(module: MLP, chain: tuner.runtime.Runtime):
+def tuned_forward(module: MLP, chain: tuner.shipping.runtime.Runtime):
     """A forward for ``module`` that runs the tuned chain on its weights."""
     def forward(x: torch.Tensor) -> torch.Tensor:
         return chain(x.contiguous(), module.fc1.weight, module.fc2.weight).clone()  # the chain reuses its buffer
@@ -61,7 +61,7 @@ def main() -> int:
     torch.manual_seed(0)
     module = MLP(args.hidden, args.ffn).half().cuda()
     x = torch.randn(args.tokens, args.hidden, dtype=torch.float16, device="cuda")
-    chain = tuner.runtime.load(args.bundle)
+    chain = tuner.shipping.runtime.load(args.bundle)
     with torch.no_grad():
         want = module(x)
         module.forward = tuned_forward(module, chain)

@@ -1,6 +1,6 @@
 // One attention tile: the queries of BM tokens in P heads that share one KV head, against keys
 // [kc_begin*BK, kc_end*BK) (a split of the keys), causal, with an online softmax (see
-// tuner/stages/attention.py for the layouts). Its ROWS = BM * P query rows are token-major: row r
+// tuner/chain/attention.py for the layouts). Its ROWS = BM * P query rows are token-major: row r
 // is token m0 + r / P in head head0 + r % P. Packing the heads of a group (P > 1) reads each key
 // and value once for all of them, and fills the MMA's 16 rows where few tokens would not.
 //

@@ -10,7 +10,7 @@ takes down when told to.
 The script maps the n-th measurement (1-based) to a behaviour. A crash restarts the
 child, so the count is kept in a file (``counter``) when the script must outlive one.
 A fault planted by the worker (``WorkerBackend(plant=...)``, ``--plant-fault``) names a
-GPU fault from ``tuner.render.FAULTS``; it is played as the GPU would fail on it.
+GPU fault from ``tuner.codegen.render.FAULTS``; it is played as the GPU would fail on it.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from tuner.backends.base import Backend, DeviceInfo, Measurement
+from tuner.chain.workloads import Chain
 from tuner.config import Config
-from tuner.workloads import Chain
 
 DEVICE_NAME = "chaos test backend (synthetic times, not a device)"
 

@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-
 import sqlalchemy as sa
 
 from tuner.backends import gpu_visible
-from tuner.store import driver_url
+from tuner.storage.database import driver_url
 
 ROOT = Path(__file__).resolve().parent.parent
 SYNTHETIC = ROOT / "tests" / "data" / "synthetic_measurements.json"

@@ -18,13 +18,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import test_gpu as cases  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-import test_gpu as cases  # noqa: E402
-from tuner.cases import clustered, coverage, persistent, reallocated, three_warpgroups  # noqa: E402
-from tuner.compile import compile_many, target_arch  # noqa: E402
-from tuner.render import render  # noqa: E402
-from tuner.workloads import get_workload  # noqa: E402
+from tuner.chain.workloads import get_workload  # noqa: E402
+from tuner.codegen.compile import compile_many, target_arch  # noqa: E402
+from tuner.codegen.render import render  # noqa: E402
+from tuner.search.cases import clustered, coverage, reallocated, three_warpgroups  # noqa: E402
 
 
 def sources() -> dict[str, str]:

@@ -6,16 +6,18 @@ import math
 import numpy as np
 import pytest
 
-from tuner import checker, sync
 from tuner.backends.base import Backend, DeviceInfo, Measurement
-from tuner.checker import Protocol, check, check_soundness
+from tuner.chain.expr import Expr
+from tuner.chain.kinds import attention
+from tuner.chain.workloads import WorkloadError, get_workload
+import tuner.checker as checker
+from tuner.checker.checks import check
+from tuner.checker.model import Protocol
+from tuner.checker.soundness import check_soundness
 from tuner.config import Config, StageTiles
-from tuner.expr import Expr
 from tuner.paths import home
-from tuner.space import load_space
-from tuner.stages import attention
-from tuner.sync import POLICIES
-from tuner.workloads import WorkloadError, get_workload
+from tuner.search.space import load_space
+from tuner.sync.policies import POLICIES
 
 H200 = DeviceInfo("test H200")
 GEMM = StageTiles(64, 128, 64, 2, 2, 3)
@@ -126,11 +128,9 @@ def _wrong_head(regions):
 @pytest.fixture
 def wrong_head(monkeypatch):
     monkeypatch.setattr(attention, "REGIONS", _wrong_head(attention.REGIONS))
-    for cached in (sync._bound, checker.pair_model, checker._check, checker._layout_of):
-        cached.cache_clear()
+    checker.clear_caches()
     yield
-    for cached in (sync._bound, checker.pair_model, checker._check, checker._layout_of):
-        cached.cache_clear()
+    checker.clear_caches()
 
 
 @pytest.mark.parametrize("workload,size,heads", [("gpt3-attn", {"tokens": 4}, 1), ("llama-attn", {"tokens": 512, "cache": 0}, 1),
@@ -219,7 +219,7 @@ class ModelBackend(Backend):
         return H200
 
     def measure(self, chain, cfg):
-        from tuner.model import stage_seconds
+        from tuner.search.cost_model import stage_seconds
 
         if len(chain.stages) == len(self.chain.stages):
             assert self.fs.contains(cfg) is None and check(chain, cfg) is None, cfg.short()
@@ -230,7 +230,7 @@ class ModelBackend(Backend):
 
 def test_the_staged_search_tunes_an_attention_layer_end_to_end(tmp_path):
     """The default strategy on a decode layer: stages alone, then verified chains under every sync choice."""
-    from tuner.study import run_study
+    from tuner.study.loop import run_study
 
     chain = get_workload("llama-attn").chain(tokens=4)
     space = load_space(home() / "search_spaces" / "llama-attn.toml")

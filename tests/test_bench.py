@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tuner import bench
 from tuner.backends.base import DeviceInfo
 from tuner.backends.gpu import GpuBackend
+from tuner.bench import runs as bench
+from tuner.chain.workloads import get_workload
 from tuner.config import Config, StageTiles
-from tuner.study import finalists
-from tuner.workloads import get_workload
+from tuner.study.final import finalists
 
 H200 = DeviceInfo("NVIDIA H200")
 T = StageTiles(128, 192, 64, 2, 1, 4, 1, "wgmma_tma")
@@ -182,8 +182,8 @@ def test_a_bench_summary_hands_its_picks_to_the_study(tmp_path):
 
 
 def test_the_whole_network_figure_weights_each_layer_by_its_multiplicity():
-    from tuner.bench import network_figures, network_table
-    from tuner.workloads import get_workload
+    from tuner.bench.runs import network_figures, network_table
+    from tuner.chain.workloads import get_workload
 
     wl = get_workload("resnet38")
     rows = []
@@ -202,7 +202,7 @@ def test_the_whole_network_figure_weights_each_layer_by_its_multiplicity():
 
 
 def test_network_sizes_cover_every_layer_at_every_batch():
-    from tuner.workloads import get_workload
+    from tuner.chain.workloads import get_workload
 
     sizes = get_workload("vgg19").network_sizes((1, 4))
     layers = [{"height": 56, "width": 56, "channels": 128, "depth": 2},
@@ -214,7 +214,7 @@ def test_network_sizes_cover_every_layer_at_every_batch():
 def test_a_baseline_over_several_input_sets_takes_them_in_turn():
     """Our chains rotate over input sets so that none is read from L2; the baselines rotate over
     the same sets, call after call, warm-up included."""
-    from tuner.baselines import rotating
+    from tuner.bench.baselines import rotating
 
     seen: list[int] = []
     call = rotating([lambda i=i: seen.append(i) for i in range(3)])
@@ -238,7 +238,7 @@ def test_a_recorded_config_is_picked_by_label_text_and_rank():
 
 def test_an_ablation_times_each_kind_s_leader_with_every_other_allowed_value_of_a_global_choice():
     # The shipped spaces leave the prefetch out; an ablation times it all the same.
-    from tuner.cases import coverage
+    from tuner.search.cases import coverage
 
     decode = get_workload("llama-attn").chain(tokens=1)
     cfgs = coverage(decode)
@@ -257,11 +257,11 @@ def test_an_ablation_times_each_kind_s_leader_with_every_other_allowed_value_of_
 def test_each_stage_alone_is_timed_again_with_its_fastest_tilings_against_the_library(tmp_path, monkeypatch):
     """A study replayed from the GPT-3 recording holds the stage pass; the stage rounds time its
     fastest tilings of each stage with that stage's baselines."""
-    from tuner import baselines
     from tuner.backends.replay import ReplayBackend
+    from tuner.bench import baselines
     from tuner.paths import home
-    from tuner.space import load_space
-    from tuner.study import run_study
+    from tuner.search.space import load_space
+    from tuner.study.loop import run_study
 
     chain = get_workload("gpt3").chain(tokens=256)
     rec = home() / "studies" / "gpt3-graphs-256.measurements.json"

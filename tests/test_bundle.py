@@ -1,4 +1,4 @@
-"""export --format bundle and tuner.runtime: what runs without a GPU (writing, compiling, checking
+"""export --format bundle and tuner.shipping.runtime: what runs without a GPU (writing, compiling, checking
 arguments, choosing the entry); running the chains is in tests/test_gpu.py."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.runtime import RuntimeArgumentError, load
+from tuner.shipping.runtime import RuntimeArgumentError, load
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,7 +26,7 @@ class FakeDeviceArray:
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory) -> Path:
     pytest.importorskip("cuda.bindings.nvrtc")
-    from tuner import compile as tc
+    from tuner.codegen import compile as tc
 
     try:
         tc.toolkit_version()
@@ -125,13 +125,13 @@ def test_the_cpp_launcher_and_example_compile_against_the_cuda_headers(bundle, t
 
 
 def test_a_bundle_without_nvrtc_is_a_one_line_error(tmp_path, monkeypatch, capsys):
-    import tuner.compile
+    import tuner.codegen.compile
     from tuner.cli import main
 
     def missing():
-        raise tuner.compile.ToolchainMissing("NVRTC is not available (libnvrtc.so: cannot open shared object file)")
+        raise tuner.codegen.compile.ToolchainMissing("NVRTC is not available (libnvrtc.so: cannot open shared object file)")
 
-    monkeypatch.setattr(tuner.compile, "toolkit_version", missing)
+    monkeypatch.setattr(tuner.codegen.compile, "toolkit_version", missing)
     assert main(["export", "gpt3", "--format", "bundle", "--storage", f"sqlite:///{tmp_path / 'x.db'}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "NVRTC" in err and ".[compile]" in err
@@ -140,10 +140,10 @@ def test_a_bundle_without_nvrtc_is_a_one_line_error(tmp_path, monkeypatch, capsy
 def test_convolution_entries_take_nhwc_images_of_their_exact_size(tmp_path):
     """A convolution bundle's entry is named by the images' size; no padding across sizes."""
     pytest.importorskip("cuda.bindings.nvrtc")
-    from tuner import compile as tc
-    from tuner.bundle import write_entry
-    from tuner.cases import coverage
-    from tuner.workloads import get_workload
+    from tuner.chain.workloads import get_workload
+    from tuner.codegen import compile as tc
+    from tuner.search.cases import coverage
+    from tuner.shipping.bundle import write_entry
 
     try:
         tc.toolkit_version()
@@ -165,10 +165,10 @@ def test_attention_entries_take_the_kv_cache_in_the_weights_place(tmp_path):
     """An attention layer's entry: x [tokens, hidden], then the QKV weight, the cache
     [kv_heads * 2 * cache, head_dim] and the output weight; a cache of another length has no entry."""
     pytest.importorskip("cuda.bindings.nvrtc")
-    from tuner import compile as tc
-    from tuner.bundle import write_entry
-    from tuner.cases import coverage
-    from tuner.workloads import get_workload
+    from tuner.chain.workloads import get_workload
+    from tuner.codegen import compile as tc
+    from tuner.search.cases import coverage
+    from tuner.shipping.bundle import write_entry
 
     try:
         tc.toolkit_version()

@@ -7,12 +7,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from tuner.chain.expr import Expr
+from tuner.chain.workloads import get_workload
+from tuner.chain.gemm import first_read, producer_cols
 from tuner.checker import (Protocol, Schedule, check, check_deadlock, check_epochs, check_order, check_soundness,
-                           evaluate, first_read, producer_cols, simulate)
+                           evaluate, simulate)
 from tuner.config import Config, StageGrid, StageTiles
-from tuner.expr import Expr
-from tuner.sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES, TileOrder, launch_allowed, pair_env
-from tuner.workloads import get_workload
+from tuner.sync.policies import DISPATCHES, LAUNCHES, ORDERS, POLICIES, TileOrder, launch_allowed, pair_env
 
 GPT3 = get_workload("gpt3")
 TILE, ROW = POLICIES["tile"], POLICIES["row"]
@@ -119,7 +120,7 @@ def test_shipped_tile_orders_hand_out_every_tile_and_split_once(chain):
 
 @pytest.mark.parametrize("cm,cn", [(2, 1), (1, 2), (2, 2)])
 def test_clustered_tile_orders_hand_out_every_tile_once_and_keep_clusters_adjacent(chain, cm, cn):
-    from tuner.checker import tile_order
+    from tuner.checker.model import tile_order
 
     for order in ORDERS.values():
         for t in config("split-k").tiles:
@@ -274,7 +275,7 @@ def test_check_names_the_policy_constraint_a_tiling_breaks(chain):
 
 
 def test_configs_differing_only_in_warps_and_pipeline_share_one_answer(chain):
-    from tuner.checker import _check
+    from tuner.checker.checks import _check
 
     a = config("uneven-m")
     b = replace(a, tiles=tuple(replace(t, wm=4, wn=1, stages=6) for t in a.tiles))

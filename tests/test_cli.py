@@ -11,10 +11,11 @@ import optuna
 import pytest
 
 import tuner.backends
+import tuner.cli
 from tuner.backends.replay import ReplayBackend
 from tuner.cli import main
 from tuner.paths import home
-from tuner.store import MeasurementStore
+from tuner.storage.measurements import MeasurementStore
 
 COMMANDS = ("study", "bench", "export", "show", "list", "compile")
 
@@ -174,9 +175,10 @@ def test_debug_shows_the_traceback(capsys):
 @pytest.mark.parametrize("command", ["bench", "compile"])
 def test_bench_and_compile_hand_their_arguments_over(capsys, monkeypatch, command):
     seen = {}
-    fake = types.ModuleType(f"tuner.{command}")
+    module = f"tuner.{tuner.cli._DELEGATED[command]}"
+    fake = types.ModuleType(module)
     fake.main = lambda args: seen.setdefault("args", args) and 0
-    monkeypatch.setitem(sys.modules, f"tuner.{command}", fake)
+    monkeypatch.setitem(sys.modules, module, fake)
     monkeypatch.setattr(tuner.backends, "gpu_visible", lambda: True)
     rc, _, _ = run(capsys, command, "gpt3", "--tokens", "1,64")
     assert rc == 0 and seen["args"].workload == "gpt3" and seen["args"].tokens == (1, 64)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import compile as tc
+from tuner.codegen import compile as tc
 
 try:
     tc.toolkit_version()
@@ -294,7 +294,7 @@ def test_the_compile_workers_end_when_their_parent_is_killed(tmp_path):
     script = tmp_path / "compile.py"
     script.write_text(
         "import os, sys\n"
-        "from tuner.compile import compile_many\n"
+        "from tuner.codegen.compile import compile_many\n"
         "if __name__ == '__main__':\n"
         f"    src = {MMA!r}\n"
         "    sources = [(i, src.replace('mma_tile', f'mma_tile{i}')) for i in range(400)]\n"

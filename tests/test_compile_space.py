@@ -7,14 +7,14 @@ import time
 import numpy as np
 import pytest
 
-from tuner import compile as tc
 from tuner.backends.base import DeviceInfo
-from tuner.cases import clustered, combos, coverage, persistent, reallocated, three_warpgroups
-from tuner.checker import check
+from tuner.chain.workloads import WORKLOADS
+from tuner.checker.checks import check
+from tuner.codegen import compile as tc
+from tuner.codegen.render import render
 from tuner.paths import home
-from tuner.render import render
-from tuner.space import load_space
-from tuner.workloads import WORKLOADS
+from tuner.search.cases import clustered, combos, coverage, persistent, reallocated, three_warpgroups
+from tuner.search.space import load_space
 
 try:
     tc.toolkit_version()

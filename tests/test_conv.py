@@ -7,14 +7,16 @@ import numpy as np
 import pytest
 
 from tuner.backends.base import DeviceInfo
-from tuner.checker import Protocol, check, check_soundness
+from tuner.chain.kinds import conv, gemm
+from tuner.chain.workloads import WorkloadError, get_workload
+from tuner.checker.checks import check
+from tuner.checker.model import Protocol
+from tuner.checker.soundness import check_soundness
+from tuner.codegen.render import render
 from tuner.config import Config, StageTiles
 from tuner.paths import home
-from tuner.render import render
-from tuner.space import load_space
-from tuner.stages import conv, gemm
-from tuner.sync import POLICIES
-from tuner.workloads import WorkloadError, get_workload
+from tuner.search.space import load_space
+from tuner.sync.policies import POLICIES
 
 H200 = DeviceInfo("test H200")
 ODD = dict(batch=3, height=30, width=30, channels=96)  # no tile divides it
@@ -117,7 +119,7 @@ def test_the_tma_copies_and_split_taps_are_outside_the_space():
 
 @pytest.mark.parametrize("mma", ["sync", "wgmma"])
 def test_a_tile_synchronized_convolution_chain_compiles(tmp_path, mma):
-    from tuner import compile as tc
+    from tuner.codegen import compile as tc
 
     try:
         tc.toolkit_version()
@@ -143,9 +145,9 @@ def test_the_default_study_runs_a_convolution_chain_end_to_end(tmp_path, workloa
     """The whole loop on a backend of made-up times (tests/chaos_backend.py, no GPU): the stage pass
     times one stage for the twins, every proposal is feasible and checker-accepted, the budget holds."""
     import optuna
-
     from chaos_backend import ChaosBackend
-    from tuner.study import run_study
+
+    from tuner.study.loop import run_study
 
     chain = get_workload(workload).chain(**size)
     space = load_space(home() / "search_spaces" / f"{workload}.toml")

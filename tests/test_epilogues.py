@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tuner.chain.epilogues import EPILOGUES, get_epilogue
+from tuner.chain.workloads import Chain, GemmStage, WorkloadError
+from tuner.codegen.render import render
 from tuner.config import Config, StageTiles
-from tuner.epilogues import EPILOGUES, get_epilogue
-from tuner.render import render
-from tuner.sync import pair_env
-from tuner.workloads import Chain, GemmStage, WorkloadError
+from tuner.sync.policies import pair_env
 
 
 def two_stage(epilogue: str, n: int = 256) -> Chain:
@@ -62,7 +62,7 @@ def test_references_compute_what_the_names_say():
 
 
 def test_every_epilogue_compiles_in_a_tile_synchronized_chain(tmp_path):
-    from tuner import compile as tc
+    from tuner.codegen import compile as tc
 
     try:
         tc.toolkit_version()

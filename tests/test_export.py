@@ -10,12 +10,12 @@ import pytest
 from tuner import UsageError
 from tuner.backends.base import FAIL_REASONS
 from tuner.backends.replay import ReplayBackend
+from tuner.chain.workloads import get_workload
 from tuner.config import Config
-from tuner.export import SCHEMA_VERSION, export, to_header
 from tuner.paths import home
-from tuner.space import load_space
-from tuner.study import run_study
-from tuner.workloads import get_workload
+from tuner.search.space import load_space
+from tuner.shipping.export import SCHEMA_VERSION, export, to_header
+from tuner.study.loop import run_study
 
 SPACE = home() / "search_spaces" / "gpt3.toml"
 
@@ -121,7 +121,7 @@ def test_a_size_studied_both_ways_exports_one_runnable_entry_the_graph_timed_one
 
 
 def test_one_entry_a_size_prefers_the_graph_timed_study_then_the_one_with_more_trials():
-    from tuner.export import one_per_size
+    from tuner.shipping.export import one_per_size
 
     def row(study, tokens, graphs, trials, device="H200"):
         return {"study": study, "device": device, "size": {"tokens": tokens}, "graphs": graphs, "trials": trials}

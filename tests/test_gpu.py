@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.cases import clustered, combos, coverage, persistent, reallocated, three_warpgroups
-from tuner.workloads import get_workload
+from tuner.chain.workloads import get_workload
+from tuner.search.cases import clustered, combos, coverage, persistent, reallocated, three_warpgroups
 
 pytestmark = pytest.mark.gpu
 
@@ -20,7 +20,7 @@ def kernels_compiled_ahead(request):
     from precompile_gpu import sources
 
     from tuner.backends.gpu import query_device
-    from tuner.compile import compile_many, target_arch
+    from tuner.codegen.compile import compile_many, target_arch
 
     for _ in compile_many(sources().items(), target_arch(query_device().arch), accept_other_toolkit=True):
         pass
@@ -173,9 +173,9 @@ def test_cubins_compiled_on_another_host_load_without_recompiling(tmp_path):
     carried here and named by TUNER_CARRIED_CACHE) is used as is."""
     import os
 
-    from tuner import compile as tc
     from tuner.backends.gpu import GpuBackend
-    from tuner.render import render
+    from tuner.codegen import compile as tc
+    from tuner.codegen.render import render
 
     carried = os.environ.get("TUNER_CARRIED_CACHE")
     if not carried:
@@ -202,7 +202,7 @@ def test_the_baselines_compute_the_chain_they_are_timed_as(backend, workload, si
     """Each epilogue's and stage kind's CuPy and PyTorch forms (the attention's: SDPA) against the
     float32 reference."""
     from tuner.backends.gpu import VERIFY_TOL, reference, rel_error
-    from tuner.baselines import cupy_chain, torch_chains
+    from tuner.bench.baselines import cupy_chain, torch_chains
 
     chain = get_workload(workload).chain(**size)
     p = backend.problem(chain)
@@ -241,8 +241,8 @@ def test_the_runtime_runs_a_bundle_entry_from_cupy_and_torch_inside_and_outside_
     import cupy as cp
 
     from tuner.backends.gpu import VERIFY_TOL, reference, rel_error
-    from tuner.bundle import write_entry
-    from tuner.runtime import load
+    from tuner.shipping.bundle import write_entry
+    from tuner.shipping.runtime import load
 
     chain = get_workload(workload).chain(**size)
     cfg = next(c for c in coverage(chain, "wgmma") if c.policy == "tile" and c.launch == "two_stream")
@@ -280,8 +280,8 @@ def test_the_cpp_example_runs_a_bundle_entry_and_checks_it(backend, tmp_path, ki
     import shutil
     import subprocess
 
-    from tuner.bundle import CPP_FILES, write_entry
     from tuner.paths import home
+    from tuner.shipping.bundle import CPP_FILES, write_entry
 
     nvcc = shutil.which("nvcc")
     if nvcc is None:
@@ -329,7 +329,7 @@ def test_chains_replayed_from_cuda_graphs_number_their_runs_and_stay_correct(bac
 
 
 def test_bench_times_graphs_of_our_chains_and_of_cupy(backend):
-    from tuner.baselines import baseline_timers
+    from tuner.bench.baselines import baseline_timers
 
     chain = get_workload("resnet38").chain(batch=1)
     cfgs = [c for c in coverage(chain) if c.policy == "tile"][:2]
@@ -342,7 +342,7 @@ def test_bench_times_graphs_of_our_chains_and_of_cupy(backend):
 def test_sustained_rounds_time_a_verified_chain_and_the_library_after_their_own_runs(backend):
     """bench --sustained: each timing follows 0.2 s of the source's own runs; the config is still
     verified after the rounds, and every source gets its rounds."""
-    from tuner.baselines import baseline_timers
+    from tuner.bench.baselines import baseline_timers
 
     chain = get_workload("resnet38").chain(batch=1)
     cfg = next(c for c in coverage(chain) if c.policy == "tile")
@@ -356,8 +356,8 @@ def test_the_runtime_runs_a_convolution_entry_on_nhwc_images(backend, tmp_path):
     import cupy as cp
 
     from tuner.backends.gpu import VERIFY_TOL, reference, rel_error
-    from tuner.bundle import write_entry
-    from tuner.runtime import load
+    from tuner.shipping.bundle import write_entry
+    from tuner.shipping.runtime import load
 
     chain = get_workload("resnet38").chain(**CONV_ODD)
     cfg = next(c for c in coverage(chain) if c.policy == "tile" and c.launch == "fused")

@@ -21,9 +21,10 @@ import pytest
 import sqlalchemy as sa
 
 from tuner import cli
+from tuner.chain.workloads import WORKLOADS, WorkloadError, flag, get_workload
 from tuner.config import Config, ConfigError
-from tuner.store import ClaimBoard, driver_url
-from tuner.workloads import WORKLOADS, WorkloadError, flag, get_workload
+from tuner.storage.claims import ClaimBoard
+from tuner.storage.database import driver_url
 
 ROOT = Path(__file__).resolve().parent.parent
 SYNTHETIC = ROOT / "tests" / "data" / "synthetic_measurements.json"
@@ -179,7 +180,7 @@ def test_a_config_file_with_a_bad_value_is_refused_naming_where(evil):
 def test_the_renderer_refuses_a_config_whose_names_are_not_the_templates(tmp_path):
     from dataclasses import replace
 
-    from tuner.render import render
+    from tuner.codegen.render import render
 
     chain = get_workload("gpt3").chain(tokens=64)
     good = Config.from_dict({"tiles": [{"bm": 64, "bn": 64, "bk": 64, "wm": 2, "wn": 2, "stages": 3}] * 2,
@@ -191,7 +192,7 @@ def test_the_renderer_refuses_a_config_whose_names_are_not_the_templates(tmp_pat
 
 
 def test_a_bundle_manifest_with_a_bad_config_or_file_is_refused(tmp_path):
-    from tuner.runtime import BundleError, read_manifest
+    from tuner.shipping.runtime import BundleError, read_manifest
 
     m = {"workload": "gpt3", "size": {"tokens": 64, "hidden": 12288, "ffn": 6144}, "files": {"cubin": "chain.cubin"},
          "config": {"tiles": [{"bm": 64, "bn": 64, "bk": 64, "wm": 2, "wn": 2, "stages": 3}] * 2,
@@ -209,7 +210,7 @@ def test_a_bundle_manifest_with_a_bad_config_or_file_is_refused(tmp_path):
 
 
 def test_a_bench_summary_with_a_bad_pick_is_refused_naming_the_file(tmp_path):
-    from tuner.bench import picked_configs
+    from tuner.bench.runs import picked_configs
 
     label = get_workload("gpt3").chain(tokens=64).label
     row = {"label": label, "tile_config": {"tiles": [{"bm": "64; #error", "bn": 64, "bk": 64, "wm": 2, "wn": 2,
@@ -294,7 +295,7 @@ def test_a_claim_of_a_process_of_this_host_that_is_gone_is_taken_over_at_once(st
 
 
 def test_the_default_grace_is_about_ten_seconds_and_the_wait_says_what_it_waits_for():
-    from tuner.study import CLAIM_GRACE_S, _waiting_note
+    from tuner.study.loop import CLAIM_GRACE_S, _waiting_note
 
     assert CLAIM_GRACE_S <= 10
     note = _waiting_note([("h:1:a", False, 4.0), ("h:1:a", False, 1.0), None], CLAIM_GRACE_S)
@@ -352,7 +353,7 @@ def test_the_first_line_of_the_main_job_is_short(capsys, storage):
 
 
 def test_the_generated_results_blocks_agree_with_the_committed_results():
-    from tuner import results
+    from tuner.shipping import results
 
     assert results.stale(ROOT) == []
 

@@ -8,7 +8,7 @@ import time
 import types
 
 from tuner.backends import gpu
-from tuner.render import Launch
+from tuner.codegen.render import Launch
 
 
 def fake_driver(seen: list[tuple[int, int]]):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from tuner import model
 from tuner.backends.base import DeviceInfo
+from tuner.chain.workloads import chain_from_label
 from tuner.config import StageGrid, StageTiles
-from tuner.workloads import chain_from_label
+from tuner.search import cost_model as model
 
 H200 = DeviceInfo("NVIDIA H200")
 GEMM1 = chain_from_label("gpt3.gemm1/tokens=256,hidden=12288,ffn=6144").stages[0]

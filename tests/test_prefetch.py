@@ -4,13 +4,13 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from tuner.cases import coverage
+from tuner.chain.kinds import kind_of
+from tuner.chain.workloads import get_workload
+from tuner.codegen.render import render
 from tuner.config import Config
 from tuner.device import DeviceInfo
-from tuner.prefetch import prefetch_allowed, prefetched_bytes
-from tuner.render import render
-from tuner.stages import kind_of
-from tuner.workloads import get_workload
+from tuner.search.cases import coverage
+from tuner.sync.prefetch import prefetch_allowed, prefetched_bytes
 
 H200 = DeviceInfo("H200")
 DECODE = get_workload("llama-attn").chain(tokens=1)
@@ -65,7 +65,7 @@ def test_a_config_recorded_before_the_prefetch_existed_reads_as_none_and_keeps_i
 
 
 def test_a_space_searches_the_prefetch_only_where_its_file_names_it():
-    from tuner.space import parse_space
+    from tuner.search.space import parse_space
 
     base = {"stage": {"bm": [16], "bn": [128], "bk": [64], "wm": [1], "wn": [1], "stages": [2], "split_k": [1]}}
     assert parse_space(base, "a.toml").globals["prefetch"] == ("none",)

@@ -6,12 +6,12 @@ from dataclasses import replace
 import numpy as np
 
 from tuner.backends.base import DeviceInfo
-from tuner.cases import clustered, coverage
+from tuner.chain.tiling import StoreLayout, tail_split
+from tuner.chain.workloads import get_workload
+from tuner.codegen.render import a_rows, copy_parts, device_grid, render
 from tuner.config import Config, StageTiles
 from tuner.paths import home
-from tuner.render import a_rows, copy_parts, device_grid, render
-from tuner.workloads import get_workload
-from tuner.tiling import StoreLayout, tail_split
+from tuner.search.cases import clustered, coverage
 
 CHAIN = get_workload("gpt3").chain(tokens=64)
 
@@ -122,9 +122,9 @@ def test_a_split_tile_counts_arrivals_and_stored_partials_apart_and_only_the_las
 def test_graph_replayable_sources_number_their_runs_in_every_kernel(tmp_path):
     """render(..., device_epoch=True): every kernel derives its run from a counter of its own (the
     epoch argument is ignored), so a captured graph replays as is; the default source is untouched."""
-    from tuner.cases import coverage
-    from tuner.render import render
-    from tuner.workloads import get_workload
+    from tuner.chain.workloads import get_workload
+    from tuner.codegen.render import render
+    from tuner.search.cases import coverage
 
     chain = get_workload("gpt3").chain(tokens=1000, hidden=1032, ffn=776)
     for cfg in coverage(chain):
@@ -134,7 +134,7 @@ def test_graph_replayable_sources_number_their_runs_in_every_kernel(tmp_path):
         assert "u32 epoch_arg" in graph.source
         assert graph.state_words >= plain.state_words
     try:
-        from tuner import compile as tc
+        from tuner.codegen import compile as tc
 
         tc.toolkit_version()
     except Exception:
@@ -155,7 +155,7 @@ def test_a_pdl_launch_hands_the_driver_pointers_the_epoch_and_the_serialization_
 
     bindings = pytest.importorskip("cuda.bindings")
     from tuner.backends.gpu import _dependent, launch_dependent
-    from tuner.render import Launch
+    from tuner.codegen.render import Launch
 
     calls = []
 
@@ -206,9 +206,9 @@ def test_a_tile_too_large_for_the_even_share_moves_registers_from_its_producer_w
     """128x256 in two warpgroups needs 128 accumulators a thread, past the 168 registers that 288
     threads share: its producer becomes a warpgroup that gives its registers up (setmaxnreg) and
     leaves after its copies, so the epilogue and the post sync the MMA warps alone."""
-    from tuner.model import registers
-    from tuner.space import load_space
-    from tuner.tiling import PRODUCER_REGS, even_share
+    from tuner.chain.tiling import PRODUCER_REGS, even_share
+    from tuner.search.cost_model import registers
+    from tuner.search.space import load_space
 
     chain = get_workload("gpt3").chain(tokens=1000, hidden=1032, ffn=776)
     big, usual = StageTiles(128, 256, 64, 2, 1, 4, 1, "wgmma_tma"), StageTiles(128, 192, 64, 2, 1, 5, 1, "wgmma_tma")
@@ -236,8 +236,8 @@ def test_three_mma_warpgroups_share_what_their_producer_warpgroup_gives_up():
     the 128 that a producer warp beside three warpgroups leaves. The producer warpgroup keeps 40
     and the three take 152 each (40 * 128 + 152 * 384 within the register file); only TMA-fed
     tiles get three."""
-    from tuner.constraints import Limits, stage_problem
-    from tuner.tiling import PRODUCER_REGS, REGISTERS, StageGrid, consumer_regs
+    from tuner.chain.tiling import PRODUCER_REGS, REGISTERS, StageGrid, consumer_regs
+    from tuner.search.constraints import Limits, stage_problem
 
     chain = get_workload("llama").chain(tokens=1100, hidden=4096, ffn=11008)
     wide = StageTiles(184, 192, 64, 1, 3, 4, 1, "wgmma_tma_t")

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from tuner.chain.workloads import get_workload
 from tuner.cli import main
 from tuner.paths import home
-from tuner.report import LATER_RUNS, collect_series, default_summaries, write_report
-from tuner.workloads import get_workload
+from tuner.shipping.report import LATER_RUNS, collect_series, default_summaries, write_report
 
 pytest.importorskip("matplotlib")
 

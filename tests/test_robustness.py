@@ -19,20 +19,21 @@ from pathlib import Path
 
 import optuna
 import pytest
+from chaos_backend import DEVICE_NAME, ILLEGAL_ADDRESS, ChaosBackend
 from optuna.trial import TrialState
+from test_cli import assert_one_line_error
 
 import tuner.backends
 import tuner.backends.worker
-import tuner.compile
-from chaos_backend import DEVICE_NAME, ILLEGAL_ADDRESS, ChaosBackend
-from test_cli import assert_one_line_error
+import tuner.codegen.compile
 from tuner.backends.base import DeviceInfo
 from tuner.backends.worker import WorkerBackend
-from tuner.checker import check
+from tuner.chain.workloads import get_workload
+from tuner.checker.checks import check
 from tuner.cli import main
-from tuner.space import parse_space
-from tuner.study import run_study, study_name, summarize
-from tuner.workloads import get_workload
+from tuner.search.space import parse_space
+from tuner.storage.trials import study_name, summarize
+from tuner.study.loop import run_study
 
 ROOT = Path(__file__).resolve().parent.parent
 SYNTHETIC = ROOT / "tests" / "data" / "synthetic_measurements.json"
@@ -265,7 +266,7 @@ def test_a_trial_an_older_version_left_running_is_not_counted_and_its_config_mea
 
 def test_tpe_never_measures_a_config_twice(url):
     from tuner.backends.replay import ReplayBackend  # noqa: PLC0415
-    from tuner.space import load_space  # noqa: PLC0415
+    from tuner.search.space import load_space  # noqa: PLC0415
 
     # The recording holds few configs of a size, so TPE proposes ones the study already has.
     backend = ReplayBackend([SYNTHETIC])
@@ -320,10 +321,10 @@ def test_storage_in_a_read_only_folder(capsys, tmp_path):
 
 def test_compile_when_nvrtc_does_not_load(capsys, monkeypatch):
     def missing():
-        raise tuner.compile.ToolchainMissing("NVRTC is not available (libnvrtc.so: cannot open shared object file); "
+        raise tuner.codegen.compile.ToolchainMissing("NVRTC is not available (libnvrtc.so: cannot open shared object file); "
                                              "install it with: pip install -e '.[compile]'")
 
-    monkeypatch.setattr(tuner.compile, "_nvrtc", missing)
+    monkeypatch.setattr(tuner.codegen.compile, "_nvrtc", missing)
     one_line_error(capsys, ["compile", "gpt3", "--tokens", "64", "--limit", "2"], "NVRTC", ".[compile]")
 
 
@@ -357,6 +358,7 @@ def test_the_worker_process_times_final_rounds_under_the_load_asked_for(url):
     """study --sustained reaches the child's time_rounds across the process boundary; without it the
     child is asked for rounds after idle, as before."""
     from chaos_backend import synthetic_us
+
     from tuner.config import Config
 
     backend = WorkerBackend("chaos_backend:RoundsBackend", deadline_s=DEADLINE_S)

@@ -6,12 +6,12 @@ import shutil
 
 import pytest
 
-from tuner import compile as tc
-from tuner import sass
-from tuner.cases import coverage
+from tuner.chain.workloads import get_workload
+from tuner.codegen import compile as tc
+from tuner.codegen import sass
+from tuner.codegen.render import render
 from tuner.paths import home
-from tuner.render import render
-from tuner.workloads import get_workload
+from tuner.search.cases import coverage
 
 CHAIN = get_workload("gpt3").chain(tokens=64)
 

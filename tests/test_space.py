@@ -2,21 +2,21 @@
 from __future__ import annotations
 
 import itertools
-from functools import lru_cache
 from dataclasses import replace
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tuner.backends.base import DeviceInfo
+from tuner.chain.gemm import GemmStage
+from tuner.chain.tiling import fitted_heights
+from tuner.chain.workloads import get_workload
 from tuner.config import GLOBAL_FIELDS, TILE_DEFAULTS, TILE_FIELDS, Config, StageGrid, StageTiles
 from tuner.paths import home
-from tuner.constraints import BLOCK_CONSTRAINTS, BLOCK_FIELDS, STAGE_CONSTRAINTS, stage_problem
-from tuner.space import SpaceError, load_space, parse_space
-from tuner.tiling import fitted_heights
-from tuner.stages.gemm import GemmStage
-from tuner.workloads import get_workload
+from tuner.search.constraints import BLOCK_CONSTRAINTS, BLOCK_FIELDS, STAGE_CONSTRAINTS, stage_problem
+from tuner.search.space import SpaceError, load_space, parse_space
 
 H200 = DeviceInfo("test H200")
 # Small enough to enumerate every combination, tight enough that every constraint bites.
@@ -573,8 +573,8 @@ def test_the_docs_list_the_shipped_search_space():
 @pytest.mark.parametrize("name, tokens", [("gpt3", 256), ("llama", 320)])
 def test_space_and_checker_agree_on_every_shipped_sync_choice(name, tokens):
     """The space's constraints and the checker read the policy formulas' names from one builder
-    (tuner.sync.grid_env), so what the space holds the checker accepts, for every sync choice."""
-    from tuner.checker import check
+    (tuner.sync.policies.grid_env), so what the space holds the checker accepts, for every sync choice."""
+    from tuner.checker.checks import check
 
     chain = get_workload(name).chain(tokens=tokens)
     fs = shipped(name, tokens)
@@ -638,11 +638,12 @@ def _narrowed(space, chain, cfgs):
 
 
 def test_the_configs_the_gpu_tests_run_lie_in_the_shipped_spaces():
-    """The GPU tests run hand-picked configs of the convolution and attention chains (tuner/cases.py):
+    """The GPU tests run hand-picked configs of the convolution and attention chains (tuner/search/cases.py):
     each is a point of its workload's shipped space, the opt-in L2 prefetch aside, so a change of a
     space cannot leave them behind unseen on a host without a GPU."""
     import test_gpu as gpu
-    from tuner.cases import coverage
+
+    from tuner.search.cases import coverage
 
     runs = [*gpu.CONV_CASES, *((w, size, mma) for w, size in gpu.ATTN_CASES for mma in gpu.ATTN_MMAS)]
     for workload, size, mma in runs:

@@ -7,13 +7,13 @@ from dataclasses import replace
 from functools import lru_cache
 
 from tuner.backends.base import DeviceInfo
-from tuner.checker import check
+from tuner.chain.workloads import get_workload
+from tuner.checker.checks import check
 from tuner.config import Config, StageTiles
 from tuner.paths import home
-from tuner.space import load_space
-from tuner.strategies import Outcome, SearchContext
-from tuner.strategies.staged import CLUSTER_TOP, PERSIST_TOP, Staged, preferred_order, ring_variants
-from tuner.workloads import get_workload
+from tuner.search.space import load_space
+from tuner.search.strategies import Outcome, SearchContext
+from tuner.search.strategies.staged import CLUSTER_TOP, PERSIST_TOP, Staged, preferred_order, ring_variants
 
 H200 = DeviceInfo("NVIDIA H200")
 
@@ -201,7 +201,7 @@ def test_a_gemm_chain_times_both_stages():
 
 def test_the_ring_one_slot_shorter_and_longer_than_the_fastest_probed_tilings_is_timed_next():
     """And the same bytes in flight in chunks half and twice as deep."""
-    from tuner.strategies.staged import RING_TOP
+    from tuner.search.strategies.staged import RING_TOP
 
     st = staged(256, budget=100)
     for base in (10.0, 30.0):  # the probe's first shapes, then its rest
@@ -220,7 +220,7 @@ def test_the_ring_one_slot_shorter_and_longer_than_the_fastest_probed_tilings_is
 def test_the_ring_variants_keep_the_bytes_in_flight_in_chunks_half_and_twice_as_deep():
     """Four chunks of 128 hold what eight of 64 do: a stage pass that timed the first times the
     second, which neither a depth nor a chunk change alone reaches."""
-    from tuner.strategies.staged import ring_variants
+    from tuner.search.strategies.staged import ring_variants
 
     t = StageTiles(72, 128, 128, 1, 2, 4, 1, "wgmma_tma_t")
     assert {(u.bk, u.stages) for u in ring_variants(t)} == {(128, 3), (128, 5), (64, 8), (256, 2)}
@@ -258,7 +258,7 @@ def test_right_after_the_fastest_pairing_the_chain_pass_swaps_in_each_near_instr
 
 def test_refinement_offers_a_parents_ring_in_chunks_half_and_twice_as_deep():
     """Two fields at once (bk and stages) are no tiling one field away, yet the same bytes in flight."""
-    from tuner.strategies.staged import ring_variants
+    from tuner.search.strategies.staged import ring_variants
 
     st = staged(256, budget=100)
     while (batch := st.propose(400)) and batch[0].phase == "stage pass":

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.stages import KINDS
-from tuner.sync import INDEX_MAP_NAMES
+from tuner.chain.kinds import KINDS
+from tuner.sync.policies import INDEX_MAP_NAMES
 
 INTERFACE = ("HEADER", "TILE_TEMPLATE", "REGIONS", "PER_COLUMN", "PADS_ROWS", "env", "tiling_problem", "smem_bytes",
              "partial_floats", "template_constants", "a_arg", "b_operand", "block_work", "reference", "cupy_stage", "torch_input",

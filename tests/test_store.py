@@ -6,7 +6,8 @@ import pytest
 
 from tuner.backends.base import DeviceInfo, Measurement
 from tuner.config import Config, StageTiles
-from tuner.store import MeasurementStore, StorageError, check_exists, open_optuna_storage, sqlite_path
+from tuner.storage.database import StorageError, check_exists, open_optuna_storage, sqlite_path
+from tuner.storage.measurements import MeasurementStore
 
 DEV = DeviceInfo("cache GPU", toolkit="13.0")
 CFG = Config((StageTiles(64, 128, 64, 2, 2, 3), StageTiles(64, 128, 64, 2, 2, 3)), "tile", "row", "ticket", "fused")

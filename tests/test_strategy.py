@@ -8,11 +8,11 @@ from statistics import median
 import pytest
 
 from tuner.backends.replay import ReplayBackend
+from tuner.chain.workloads import get_workload
 from tuner.paths import home
-from tuner.space import load_space
-from tuner.study import run_study
-from tuner.trials import measured_history, trials_to_within
-from tuner.workloads import get_workload
+from tuner.search.space import load_space
+from tuner.storage.trials import measured_history, trials_to_within
+from tuner.study.loop import run_study
 
 SEEDS = range(5)  # 20 took over an hour on a 2-core host
 WITHIN = 1.03

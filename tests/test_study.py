@@ -14,11 +14,13 @@ from optuna.trial import TrialState
 
 from tuner.backends.base import FAIL_REASONS, Backend, DeviceInfo, Measurement
 from tuner.backends.replay import Record, ReplayBackend, write_recording
+from tuner.chain.workloads import get_workload
 from tuner.config import Config
 from tuner.paths import home
-from tuner.space import load_space, parse_space
-from tuner.study import (StudyError, default_study, load_study_file, parse_study, run_study, study_name, summarize)
-from tuner.workloads import get_workload
+from tuner.search.space import load_space, parse_space
+from tuner.storage.trials import StudyError, study_name, summarize
+from tuner.study.loop import run_study
+from tuner.study.spec import default_study, load_study_file, parse_study
 
 DEVICE = DeviceInfo("fake GPU")
 SMALL = parse_space({
@@ -100,7 +102,7 @@ def test_no_strategy_stores_a_refused_config_and_the_backend_sees_only_accepted_
 
 
 def test_tpe_replaces_a_refused_suggestion_by_a_close_usable_config(storage):
-    from tuner.strategies import SearchContext, make
+    from tuner.search.strategies import SearchContext, make
 
     fs = SMALL.feasible(CHAIN, DEVICE)
     tpe = make("tpe")
@@ -178,9 +180,9 @@ def test_resume_after_interrupt_loses_and_repeats_nothing(storage):
 def test_ctrl_c_while_a_result_is_written_takes_effect_once_it_is_stored(storage, monkeypatch):
     import signal
 
-    import tuner.study
+    import tuner.study.loop
 
-    real_save = tuner.study.MeasurementStore.save
+    real_save = tuner.study.loop.MeasurementStore.save
     calls: list = []
 
     def save_interrupted_midway(self, device, label, config, m):
@@ -189,13 +191,13 @@ def test_ctrl_c_while_a_result_is_written_takes_effect_once_it_is_stored(storage
             signal.raise_signal(signal.SIGINT)
         return real_save(self, device, label, config, m)
 
-    monkeypatch.setattr(tuner.study.MeasurementStore, "save", save_interrupted_midway)
+    monkeypatch.setattr(tuner.study.loop.MeasurementStore, "save", save_interrupted_midway)
     backend = FakeBackend()
     out = run_study(CHAIN, SMALL, backend, storage, strategy="random", seed=4, trials=8, check=no_col_order)
     assert out.interrupted and out.summary.measured == 3 and len(backend.calls) == 3
     third = measured(trials_of(storage))[2]
     assert third.state == TrialState.COMPLETE and "times_us" in third.user_attrs  # written whole
-    monkeypatch.setattr(tuner.study.MeasurementStore, "save", real_save)
+    monkeypatch.setattr(tuner.study.loop.MeasurementStore, "save", real_save)
     again = FakeBackend()
     run_study(CHAIN, SMALL, again, storage, strategy="random", seed=4, trials=8, check=no_col_order)
     assert not set(backend.calls) & set(again.calls) and len(measured(trials_of(storage))) == 8
@@ -281,16 +283,16 @@ def test_empty_feasible_set_is_a_study_error(tmp_path):
 
 
 def test_the_default_checker_is_tuner_checker(storage, monkeypatch):
-    fake = types.ModuleType("tuner.checker")
+    fake = types.ModuleType("tuner.checker.checks")
     fake.check = lambda chain, cfg: None if cfg.policy == "stream" else "only stream here"
-    monkeypatch.setitem(sys.modules, "tuner.checker", fake)
+    monkeypatch.setitem(sys.modules, "tuner.checker.checks", fake)
     backend = FakeBackend(check=fake.check)
     run_study(CHAIN, SMALL, backend, storage, strategy="random", trials=4)
     assert backend.calls and all(c.policy == "stream" for c in backend.calls)
 
 
 def test_without_a_checker_a_measuring_backend_is_refused(storage, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tuner.checker", None)
+    monkeypatch.setitem(sys.modules, "tuner.checker.checks", None)
     with pytest.raises(StudyError, match="checker"):
         run_study(CHAIN, SMALL, FakeBackend(), storage, trials=2)
 
@@ -353,9 +355,8 @@ def test_a_changed_space_is_refused_on_resume(storage):
 
 
 def test_a_new_size_starts_from_the_best_configs_of_the_nearest_sizes_and_stage_shapes(storage):
-    from tuner.store import open_optuna_storage
-    from tuner.study import transfer_candidates
-    from tuner.trials import stage_study_name, trial_config
+    from tuner.storage.database import open_optuna_storage
+    from tuner.storage.trials import stage_study_name, transfer_candidates, trial_config
 
     run_study(CHAIN, SMALL, FakeBackend(), storage, strategy="staged", trials=60, check=no_col_order, final=False)
     rdb = open_optuna_storage(storage)
@@ -379,8 +380,8 @@ def test_a_new_size_starts_from_the_best_configs_of_the_nearest_sizes_and_stage_
 def test_a_neighbours_transposed_pick_comes_refitted_to_this_sizes_rows_then_as_picked(storage):
     """One tile of 64 rows at 64 tokens is one of 72 at 72 tokens, the height bm_fit holds there
     (64 rows would leave a second tile of 8); the pick as it was follows it."""
-    from tuner.store import open_optuna_storage
-    from tuner.study import transfer_candidates
+    from tuner.storage.database import open_optuna_storage
+    from tuner.storage.trials import transfer_candidates
 
     space = parse_space({"stage": {"bm": [64], "bm_fit": [1], "bn": [128], "bk": [64], "wm": [1], "wn": [2],
                                    "stages": [3], "split_k": [1], "mma": ["wgmma_tma_t"]}}, "fit.toml")
@@ -397,9 +398,10 @@ def test_a_neighbours_transposed_pick_comes_refitted_to_this_sizes_rows_then_as_
 def test_a_study_timed_as_graph_replays_is_kept_apart_from_one_timed_as_launches(storage):
     """Launch gaps make the two kinds of time incomparable: their studies, stage studies and
     transfers never mix, and the cache asks for the source that numbers its runs on the device."""
-    from tuner.render import render
-    from tuner.store import open_optuna_storage
-    from tuner.study import _source_hasher, transfer_candidates
+    from tuner.codegen.render import render
+    from tuner.storage.database import open_optuna_storage
+    from tuner.storage.trials import transfer_candidates
+    from tuner.study.loop import _source_hasher
 
     launched = run_study(CHAIN, SMALL, FakeBackend(), storage, strategy="staged", trials=20, check=no_col_order,
                          final=False)
@@ -439,7 +441,7 @@ def test_a_study_timed_as_graph_replays_is_kept_apart_from_one_timed_as_launches
 
 
 def test_show_counts_the_stages_timed_alone_beside_the_chain_trials(storage):
-    from tuner.export import collect
+    from tuner.shipping.export import collect
 
     out = run_study(CHAIN, SMALL, FakeBackend(), storage, strategy="staged", trials=40, check=no_col_order)
     (row,) = collect(storage, "gpt3")  # the stage studies are no results of their own
@@ -447,7 +449,7 @@ def test_show_counts_the_stages_timed_alone_beside_the_chain_trials(storage):
 
 
 def test_the_history_counts_stages_alone_and_stops_at_the_first_chain_within_reach(storage):
-    from tuner.trials import measured_history, trials_to_within
+    from tuner.storage.trials import measured_history, trials_to_within
 
     out = run_study(CHAIN, SMALL, FakeBackend(), storage, strategy="staged", trials=30, check=no_col_order)
     history = measured_history(storage, CHAIN, DEVICE)
@@ -480,7 +482,7 @@ def test_final_rounds_give_the_best_and_a_rerun_under_sustained_load_times_them_
     """The finalists' medians give the study's best; a rerun with the same finalists adds nothing,
     one under sustained load times them again (GpuBackend.time_rounds' heat_s), and those rounds
     give the best from then on; under the same load again, nothing."""
-    from tuner.study import describe
+    from tuner.study.outcome import describe
 
     idle = RoundsBackend()
     out = run_study(CHAIN, SMALL, idle, storage, strategy="random", trials=12, check=no_col_order)
@@ -506,7 +508,7 @@ def test_final_rounds_give_the_best_and_a_rerun_under_sustained_load_times_them_
     heated = [t for t in trials_of(storage) if t.user_attrs.get("sustained_s") == 2.0]
     assert len(heated) == hot.rounds[0][0] and out.summary.best.value == min(t.value for t in heated)
     assert out.summary.best.value >= idle_best
-    from tuner.export import collect
+    from tuner.shipping.export import collect
 
     (row,) = collect(storage, "gpt3")
     assert row["best"]["median_us"] == out.summary.best.value and row["best"]["sustained_s"] == 2.0

@@ -19,7 +19,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner.store import driver_url
+from tuner.storage.database import driver_url
 
 ROOT = Path(__file__).resolve().parent.parent
 SYNTHETIC = ROOT / "tests" / "data" / "synthetic_measurements.json"

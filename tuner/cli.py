@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
 from . import UsageError, __version__, shortlist
+from .chain.workloads import WORKLOADS, WorkloadError, flag, get_workload, size_flags
 from .config import GLOBAL_FIELDS
-from .store import DEFAULT_STORAGE, check_exists
-from .workloads import WORKLOADS, WorkloadError, flag, get_workload, size_flags
+from .storage.database import DEFAULT_STORAGE, check_exists
 
 USER_ERRORS = (UsageError, WorkloadError)
 EXIT_USAGE = 2
@@ -103,7 +103,7 @@ def output_argument(p: argparse.ArgumentParser, metavar: str, help_: str, *alias
 
 
 def _fault(text: str) -> tuple[int, str]:
-    from .render import FAULTS  # noqa: PLC0415
+    from .codegen.render import FAULTS  # noqa: PLC0415
 
     kinds = [f for f in FAULTS if f != "none"]
     n, _, kind = text.partition(":")
@@ -130,8 +130,8 @@ def _size_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _strategy_argument(p: argparse.ArgumentParser, default: str | None) -> None:
-    from .strategies import DEFAULT as DEFAULT_STRATEGY  # noqa: PLC0415
-    from .strategies import STRATEGIES  # noqa: PLC0415
+    from .search.strategies import DEFAULT as DEFAULT_STRATEGY  # noqa: PLC0415
+    from .search.strategies import STRATEGIES  # noqa: PLC0415
 
     p.add_argument("--strategy", choices=list(STRATEGIES), default=default,
                    help="staged: each stage timed alone, the fastest tilings paired under every sync choice, "
@@ -142,7 +142,8 @@ def _strategy_argument(p: argparse.ArgumentParser, default: str | None) -> None:
 def _study_arguments(p: argparse.ArgumentParser) -> None:
     """The study command's arguments."""
     from .backends import BACKENDS  # noqa: PLC0415
-    from .study import CLAIM_GRACE_S, DEFAULT_TRIALS  # noqa: PLC0415
+    from .study.loop import CLAIM_GRACE_S  # noqa: PLC0415
+    from .study.spec import DEFAULT_TRIALS  # noqa: PLC0415
 
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
     _size_arguments(p)
@@ -187,7 +188,7 @@ def _study_arguments(p: argparse.ArgumentParser) -> None:
 
 def _bench_arguments(p: argparse.ArgumentParser) -> None:
     """The bench command's arguments."""
-    from .strategies import DEFAULT as DEFAULT_STRATEGY  # noqa: PLC0415
+    from .search.strategies import DEFAULT as DEFAULT_STRATEGY  # noqa: PLC0415
 
     p.add_argument("workload", help=f"one of: {', '.join(WORKLOADS)}")
     _size_arguments(p)
@@ -244,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
                 _cmd_bench)
     _bench_arguments(p)
 
-    from .export import FORMATS  # noqa: PLC0415
+    from .shipping.export import FORMATS  # noqa: PLC0415
 
     p = command("export", "write the best configs per device and size, a runnable bundle of them, or a recording",
                 _cmd_export)
@@ -253,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
                                "tuned/<workload>-bundle)", "--output")
     p.add_argument("--format", choices=(*FORMATS, "bundle"), default="json",
                    help="json or a C++ header (best configs); bundle: a folder with each best chain's CUDA source, "
-                        "cubin and manifest, which tuner.runtime runs; recording: every measurement, for "
+                        "cubin and manifest, which tuner.shipping.runtime runs; recording: every measurement, for "
                         "--backend replay")
 
     p = command("show", "summarize the stored studies of a workload", _cmd_show)
@@ -286,9 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
     from .backends import get_backend  # noqa: PLC0415
-    from .space import load_space  # noqa: PLC0415
-    from .store import MeasurementStore  # noqa: PLC0415
-    from .study import default_study, load_study_file  # noqa: PLC0415
+    from .search.space import load_space  # noqa: PLC0415
+    from .storage.measurements import MeasurementStore  # noqa: PLC0415
+    from .study.spec import default_study, load_study_file  # noqa: PLC0415
 
     wl = get_workload(args.workload)
     if args.gpus:
@@ -324,7 +325,7 @@ def _cmd_study(args: argparse.Namespace, argv: list[str]) -> int:
 def _study_workers(args: argparse.Namespace, argv: list[str]) -> int:
     """``study --gpus``: the same command, one worker process per GPU."""
     from .backends import gpu_count  # noqa: PLC0415
-    from .workers import check_gpus, run_workers, strip_option  # noqa: PLC0415
+    from .study.workers import check_gpus, run_workers, strip_option  # noqa: PLC0415
 
     gpus = args.gpus
     if gpus == "all":
@@ -364,10 +365,11 @@ def _replayable(chains: list, backend, args: argparse.Namespace, source: str) ->
 
 def _study_sizes(chains: list, space, backend, spec, args: argparse.Namespace, argv: list[str]) -> int:
     """Each size's study in turn, a line per size, then the table of them all."""
-    from .bench import picked_configs  # noqa: PLC0415
+    from .bench.runs import picked_configs  # noqa: PLC0415
     from .paths import home  # noqa: PLC0415
-    from .report import recorded_library  # noqa: PLC0415
-    from .study import describe, figure_tag, outcome_table, run_study  # noqa: PLC0415
+    from .shipping.report import recorded_library  # noqa: PLC0415
+    from .study.loop import run_study  # noqa: PLC0415
+    from .study.outcome import describe, figure_tag, outcome_table  # noqa: PLC0415
 
     wl = get_workload(args.workload)
     tag = figure_tag(backend)
@@ -394,14 +396,19 @@ def _study_sizes(chains: list, space, backend, spec, args: argparse.Namespace, a
     return 0
 
 
-def _delegate(module: str, args: argparse.Namespace) -> int:
+# The commands whose module imports what a plain install may lack (CuPy, NVRTC, matplotlib).
+_DELEGATED = {"bench": "bench", "compile": "codegen.compile", "report": "shipping.report"}
+
+
+def _delegate(command: str, args: argparse.Namespace) -> int:
+    module = f"{__package__}.{_DELEGATED[command]}"
     try:
-        mod = importlib.import_module(f"{__package__}.{module}")
+        mod = importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        if exc.name != f"{__package__}.{module}":
-            raise UsageError(f"{module} needs {exc.name}, which is not installed; "
-                             f"accepted: pip install -e '.[{'gpu' if module == 'bench' else 'compile'}]'") from None
-        raise UsageError(f"the {module} command is not part of this install (no tuner/{module}.py)") from None
+        if exc.name != module:
+            raise UsageError(f"{command} needs {exc.name}, which is not installed; "
+                             f"accepted: pip install -e '.[{'gpu' if command == 'bench' else 'compile'}]'") from None
+        raise UsageError(f"the {command} command is not part of this install (no {module})") from None
     return int(mod.main(args) or 0)
 
 
@@ -426,7 +433,7 @@ def _require_nvrtc(what: str) -> None:
         raise UsageError(f"{what} needs NVRTC (cuda-bindings and nvidia-cuda-nvrtc), which is not installed; "
                          "accepted: pip install -e '.[compile]'") from None
     try:
-        from .compile import ToolchainMissing, toolkit_version  # noqa: PLC0415
+        from .codegen.compile import ToolchainMissing, toolkit_version  # noqa: PLC0415
     except ImportError:
         return  # _delegate says what is missing
     try:
@@ -453,12 +460,12 @@ def _cmd_report(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
-    from .export import export  # noqa: PLC0415
+    from .shipping.export import export  # noqa: PLC0415
 
     wl = get_workload(args.workload)
     if args.format == "bundle":
         _require_nvrtc("a bundle (its cubins)")
-        from .bundle import write_bundle  # noqa: PLC0415 - compiles with NVRTC
+        from .shipping.bundle import write_bundle  # noqa: PLC0415 - compiles with NVRTC
 
         path = write_bundle(args.storage, wl.name, args.out or Path("tuned") / f"{wl.name}-bundle")
     else:
@@ -472,7 +479,7 @@ def _fmt_us(x: float | None, tag: str) -> str:
 
 
 def _cmd_show(args: argparse.Namespace, argv: list[str]) -> int:
-    from .export import collect  # noqa: PLC0415
+    from .shipping.export import collect  # noqa: PLC0415
 
     wl = get_workload(args.workload)
     rows = collect(args.storage, wl.name)
@@ -517,8 +524,8 @@ def _cmd_list(args: argparse.Namespace, argv: list[str]) -> int:
         return 0
     import optuna  # noqa: PLC0415
 
-    from .store import has_studies, open_optuna_storage  # noqa: PLC0415
-    from .trials import summarize  # noqa: PLC0415
+    from .storage.database import has_studies, open_optuna_storage  # noqa: PLC0415
+    from .storage.trials import summarize  # noqa: PLC0415
 
     if not has_studies(args.storage):
         print(f"stored studies: none in {args.storage} (it holds no tuner tables)")

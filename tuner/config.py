@@ -9,11 +9,21 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from . import UsageError, shown
-from .prefetch import PREFETCHES
-from .sync import DISPATCHES, LAUNCHES, ORDERS, POLICIES
-from .tiling import (TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, TILE_LIMITS, TILE_OMITTED_AT_DEFAULT,  # noqa: F401
-                     TILE_SWITCHES, WARPGROUP_MMAS, StageGrid, StageTiles, cdiv)
-from .workloads import Chain
+from .chain.tiling import (  # noqa: F401
+    TILE_CHOICES,
+    TILE_DEFAULTS,
+    TILE_FIELDS,
+    TILE_LIMITS,
+    TILE_OMITTED_AT_DEFAULT,
+    TILE_SWITCHES,
+    WARPGROUP_MMAS,
+    StageGrid,
+    StageTiles,
+    cdiv,
+)
+from .chain.workloads import Chain
+from .sync.policies import DISPATCHES, LAUNCHES, ORDERS, POLICIES
+from .sync.prefetch import PREFETCHES
 
 GLOBAL_FIELDS = ("policy", "order", "dispatch", "launch", "prefetch")
 # What a config recorded before a global field existed meant by it.
@@ -69,7 +79,7 @@ class Config:
     order: str
     dispatch: str
     launch: str
-    prefetch: str = "none"  # see tuner.prefetch
+    prefetch: str = "none"  # see tuner.sync.prefetch
 
     def params(self) -> dict[str, Any]:
         """Flat parameter dict, stage knobs prefixed by the stage name (``gemm1.bm``)."""

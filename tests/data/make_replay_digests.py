@@ -4,7 +4,7 @@
     python tests/data/make_replay_digests.py --check   # exit 1 where a replay stores something else
 
 A change meant to keep behaviour as it is (a restructuring, a rename) must leave every digest
-as it was: each is the SHA-256 of the export (``tuner.export.document``) of a study that replays
+as it was: each is the SHA-256 of the export (``tuner.shipping.export.document``) of a study that replays
 one recording's first chain with the default strategy and a small budget, so it covers the
 parameter names, the configs, the trial order and the figures. ``tests/test_replay_digests.py``
 runs the check. Rewrite the file only with a change that means to alter what a study does, and
@@ -30,11 +30,11 @@ def recordings() -> list[Path]:
 def digest(path: Path) -> str | None:
     """The digest of one recording's replay; None where it holds no whole chain of a built-in space."""
     from tuner.backends.replay import ReplayBackend
-    from tuner.export import document, to_json
+    from tuner.chain.workloads import chain_from_label
     from tuner.paths import home
-    from tuner.space import load_space
-    from tuner.study import run_study
-    from tuner.workloads import chain_from_label
+    from tuner.search.space import load_space
+    from tuner.shipping.export import document, to_json
+    from tuner.study.loop import run_study
 
     backend = ReplayBackend([path])
     chains = sorted((chain_from_label(lb) for lb in backend.labels() if "." not in lb.split("/", 1)[0]),

@@ -26,9 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 from tuner.backends.base import FAIL_REASONS, DeviceInfo, Measurement  # noqa: E402
 from tuner.backends.replay import Record, write_recording  # noqa: E402
+from tuner.chain.workloads import Chain, get_workload  # noqa: E402
 from tuner.config import Config, StageGrid  # noqa: E402
-from tuner.space import load_space, parse_space  # noqa: E402
-from tuner.workloads import Chain, get_workload  # noqa: E402
+from tuner.search.space import load_space, parse_space  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "synthetic_measurements.json"
 COMMAND = "python tests/data/make_synthetic.py"

@@ -5,9 +5,9 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
+from ..chain.workloads import Chain
 from ..config import Config
 from ..device import DeviceInfo
-from ..workloads import Chain
 
 # Every failed trial carries exactly one of these.
 FAIL_REASONS = ("constraint", "compile", "resources", "launch", "timeout", "incorrect")

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any, Callable, Iterator, Sequence
 
-from ..epilogues import get_epilogue
-from ..stages import kind_of
+from ..chain.epilogues import get_epilogue
+from ..chain.kinds import kind_of
+from ..chain.workloads import Chain
+from ..codegen.render import Launch, Rendered, render
 from ..config import Config
-from ..render import Launch, Rendered, render
-from ..workloads import Chain
 from . import tensormap
 from .base import Backend, DeviceInfo, Measurement
 
@@ -337,7 +337,7 @@ class GpuBackend(Backend):
         source numbering its runs on the device), as a graph-captured baseline does; else as launches.
         ``persistent_blocks``: the blocks a persistent stage launches, for tests that make each block
         loop over many tiles (default: the device's SMs)."""
-        from ..compile import toolkit_version
+        from ..codegen.compile import toolkit_version
 
         cp = _cp()
         cp.cuda.Device(0).use()
@@ -364,7 +364,7 @@ class GpuBackend(Backend):
              ) -> tuple[Runner | None, Measurement]:
         """Render, compile and load; on failure the Measurement says why (and the runner is None).
         ``device_epoch``: the source that numbers its runs on the device, for CUDA graphs."""
-        from ..compile import CompileError, compile_source, target_arch
+        from ..codegen.compile import CompileError, compile_source, target_arch
 
         rendered = render(chain, config, fault, device_epoch=device_epoch, sms=self._persistent_blocks)
         base = dict(source_hash=rendered.hash)
@@ -521,7 +521,7 @@ def compile_ahead(targets: Sequence[tuple[Chain, Config]], arch: str, cache_dir:
     """Render and compile ``targets`` into the kernel cache over every core; yields each index as
     its compile ends (a failure too: measuring it reports the compile error). ``device_epoch``:
     the sources that number their runs on the device, which a backend timing graphs runs."""
-    from ..compile import compile_many, target_arch
+    from ..codegen.compile import compile_many, target_arch
 
     sources = []
     for i, (chain, cfg) in enumerate(targets):

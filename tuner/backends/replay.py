@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from .. import UsageError
+from ..chain.workloads import Chain
 from ..config import Config
-from ..workloads import Chain
 from .base import Backend, DeviceInfo, Measurement
 
 SCHEMA = 1

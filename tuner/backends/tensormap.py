@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Mapping, Sequence
 
-from ..render import TensorMap
+from ..codegen.render import TensorMap
 
 DESCRIPTOR_BYTES = 128
 BOX_COLS = 64  # halves: one 128-byte swizzle atom, the widest box the 128B swizzle allows

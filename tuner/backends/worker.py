@@ -14,8 +14,8 @@ import time
 import traceback
 from typing import Any, Iterator, Sequence
 
+from ..chain.workloads import Chain
 from ..config import Config
-from ..workloads import Chain
 from .base import Backend, DeviceInfo, Measurement
 
 STICKY_MARKERS = ("illegal", "launch failure", "unspecified launch", "misaligned", "exception", "ECC")
@@ -84,7 +84,7 @@ class WorkerBackend(Backend):
         self.factory, self.kwargs = factory, dict(kwargs or {})
         self.floor_s, self.start_timeout_s = deadline_s, start_timeout_s
         self.deadline_s = deadline_s
-        # Testing hook: plant a fault (see tuner.render.FAULTS) in the N-th measured config (1-based).
+        # Testing hook: plant a fault (see tuner.codegen.render.FAULTS) in the N-th measured config (1-based).
         self.plant = dict(plant or {})
         self.calls = 0
         self._ctx = mp.get_context("spawn")
