@@ -6,11 +6,12 @@ import math
 import numpy as np
 import pytest
 
-from tuner.backends.base import Backend, DeviceInfo, Measurement
-from tuner.chain.expr import Expr
-from tuner.chain.kinds import attention
-from tuner.chain.workloads import WorkloadError, get_workload
 import tuner.checker as checker
+from tuner.backends.base import Backend, DeviceInfo, Measurement
+from tuner.chain import attention
+from tuner.chain.expr import Expr
+from tuner.chain.kinds import KINDS
+from tuner.chain.workloads import WorkloadError, get_workload
 from tuner.checker.checks import check
 from tuner.checker.model import Protocol
 from tuner.checker.soundness import check_soundness
@@ -18,6 +19,8 @@ from tuner.config import Config, StageTiles
 from tuner.paths import home
 from tuner.search.space import load_space
 from tuner.sync.policies import POLICIES
+
+ATTENTION = KINDS["attention"]
 
 H200 = DeviceInfo("test H200")
 GEMM = StageTiles(64, 128, 64, 2, 2, 3)
@@ -53,7 +56,7 @@ def naive(qkv: np.ndarray, cache: np.ndarray, st: attention.AttentionStage) -> n
 
 def inputs(st: attention.AttentionStage, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    shape, scale = attention.b_operand(st)
+    shape, scale = ATTENTION.b_operand(st)
     return (rng.uniform(-1, 1, st.a_shape).astype(np.float16),
             rng.uniform(-scale, scale, shape).astype(np.float16))
 
@@ -62,7 +65,7 @@ def inputs(st: attention.AttentionStage, seed: int = 0) -> tuple[np.ndarray, np.
 def test_the_reference_is_causal_softmax_attention_over_the_cache_and_the_new_tokens(tokens, cache, heads, kv_heads):
     st = attention.AttentionStage("attn", tokens, cache, heads, kv_heads, 64)
     qkv, kv = inputs(st)
-    ref = attention.reference(np, qkv.astype(np.float32), kv.astype(np.float32), st)
+    ref = ATTENTION.reference(np, qkv.astype(np.float32), kv.astype(np.float32), st)
     assert ref.shape == (tokens, heads * 64)
     np.testing.assert_allclose(ref, naive(qkv, kv, st), rtol=1e-4, atol=1e-5)
 
@@ -70,7 +73,7 @@ def test_the_reference_is_causal_softmax_attention_over_the_cache_and_the_new_to
 def test_the_chain_a_cupy_user_writes_computes_the_same_attention():
     st = attention.AttentionStage("attn", 4, 6, 4, 2, 64)
     qkv, kv = inputs(st, seed=1)
-    got = attention.cupy_stage(np, qkv, kv, st).astype(np.float64)  # numpy in CuPy's place
+    got = ATTENTION.cupy_stage(np, qkv, kv, st).astype(np.float64)  # numpy in CuPy's place
     np.testing.assert_allclose(got, naive(qkv, kv, st), atol=2e-3)
 
 
@@ -97,7 +100,7 @@ def test_bad_sizes_are_one_line_errors(size, message):
 
 def test_a_prompt_has_an_empty_cache():
     chain = get_workload("llama-attn").chain(tokens=512, cache=0)
-    assert chain.stages[1].k == 512 and attention.b_operand(chain.stages[1])[0] == (0, 128)
+    assert chain.stages[1].k == 512 and ATTENTION.b_operand(chain.stages[1])[0] == (0, 128)
 
 
 SIZES = [("gpt3-attn", {"tokens": t}) for t in (1, 4, 16)] + [("llama-attn", {"tokens": t, "cache": 2048})
@@ -127,7 +130,7 @@ def _wrong_head(regions):
 
 @pytest.fixture
 def wrong_head(monkeypatch):
-    monkeypatch.setattr(attention, "REGIONS", _wrong_head(attention.REGIONS))
+    monkeypatch.setattr(attention.AttentionKind, "REGIONS", _wrong_head(attention.AttentionKind.REGIONS))
     checker.clear_caches()
     yield
     checker.clear_caches()

@@ -8,10 +8,19 @@ import numpy as np
 import pytest
 
 from tuner.chain.expr import Expr
-from tuner.chain.workloads import get_workload
 from tuner.chain.gemm import first_read, producer_cols
-from tuner.checker import (Protocol, Schedule, check, check_deadlock, check_epochs, check_order, check_soundness,
-                           evaluate, simulate)
+from tuner.chain.workloads import get_workload
+from tuner.checker import (
+    Protocol,
+    Schedule,
+    check,
+    check_deadlock,
+    check_epochs,
+    check_order,
+    check_soundness,
+    evaluate,
+    simulate,
+)
 from tuner.config import Config, StageGrid, StageTiles
 from tuner.sync.policies import DISPATCHES, LAUNCHES, ORDERS, POLICIES, TileOrder, launch_allowed, pair_env
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from tuner.backends.base import DeviceInfo
-from tuner.chain.kinds import conv, gemm
+from tuner.chain import conv, gemm
+from tuner.chain.kinds import KINDS
 from tuner.chain.workloads import WorkloadError, get_workload
 from tuner.checker.checks import check
 from tuner.checker.model import Protocol
@@ -17,6 +18,8 @@ from tuner.config import Config, StageTiles
 from tuner.paths import home
 from tuner.search.space import load_space
 from tuner.sync.policies import POLICIES
+
+CONV = KINDS["conv"]
 
 H200 = DeviceInfo("test H200")
 ODD = dict(batch=3, height=30, width=30, channels=96)  # no tile divides it
@@ -44,7 +47,7 @@ def test_the_reference_is_a_convolution():
     st = chain.stages[0]
     x = rng.standard_normal(st.a_shape)
     w = rng.standard_normal((st.n, st.k))
-    np.testing.assert_allclose(conv.reference(np, x, w, st), direct_conv(x, w, 2, 5, 4, 8), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(CONV.reference(np, x, w, st), direct_conv(x, w, 2, 5, 4, 8), rtol=1e-10, atol=1e-10)
 
 
 def test_channels_must_be_whole_16_byte_pieces():
@@ -59,7 +62,7 @@ def test_the_true_dependencies_are_every_pixel_of_the_window(bm, bk):
     grids = Config((tiles(bm=64, bn=32), tiles(bm=bm, bk=bk)), "tile", "row", "block", "two_stream").grids(chain)
     prod, cons = grids
     st = cons.stage
-    got = {(m2, int(s), int(m1), int(n1)): int(k) for m2, r in enumerate(conv.reads(prod, cons))
+    got = {(m2, int(s), int(m1), int(n1)): int(k) for m2, r in enumerate(CONV.reads(prod, cons))
            for s, m1, n1, k in zip(*r)}
     want: dict[tuple[int, int, int, int], int] = {}
     for kc in range(cons.kc):

@@ -47,7 +47,7 @@ def test_each_stage_prefetches_the_next_one_s_input_before_any_wait_in_every_lau
                          for i, b in prefetched_bytes(DECODE)]
         for i in (1, 2):
             if cfg.launch == "fused":
-                body = src.split("fused_kernel(")[-1].split(f"stage{i - 1}_tile(t,")[0].split(f"t -= ")[-1]
+                body = src.split("fused_kernel(")[-1].split(f"stage{i - 1}_tile(t,")[0].split("t -= ")[-1]
             else:
                 body = src.split(f"stage{i - 1}_kernel(")[-1].split(f"stage{i - 1}_tile(")[0]
             assert f"tuner_prefetch_l2(w{i}," in body.split("griddepcontrol.wait")[0].split("tuner_run(")[0]

@@ -522,16 +522,15 @@ def _cmd_list(args: argparse.Namespace, argv: list[str]) -> int:
     except UsageError:
         print(f"stored studies: none ({args.storage} does not exist yet)")
         return 0
-    import optuna  # noqa: PLC0415
 
     from .storage.database import has_studies, open_optuna_storage  # noqa: PLC0415
-    from .storage.trials import summarize  # noqa: PLC0415
+    from .storage.trials import stored_trials, study_summaries, summarize  # noqa: PLC0415
 
     if not has_studies(args.storage):
         print(f"stored studies: none in {args.storage} (it holds no tuner tables)")
         return 0
     rdb = open_optuna_storage(args.storage, read_only=True)
-    summaries = optuna.get_all_study_summaries(rdb, include_best_trial=False)
+    summaries = study_summaries(rdb)
     print(f"stored studies in {args.storage}:" if summaries else f"stored studies: none in {args.storage}")
     for s in sorted(summaries, key=lambda s: (s.study_name.split("/", 1)[0], _size_key(s.study_name))):
         attrs = s.user_attrs
@@ -539,7 +538,7 @@ def _cmd_list(args: argparse.Namespace, argv: list[str]) -> int:
             continue  # a stage that its twin's stage pass stood in for
         tag = " (replayed, synthetic)" if attrs.get("synthetic") else " (replayed)" if attrs.get("replayed") else ""
         # The same counts as show: measured trials, and the best of the final rounds where they ran.
-        summ = summarize(optuna.load_study(study_name=s.study_name, storage=rdb).get_trials(deepcopy=False))
+        summ = summarize(stored_trials(rdb, s.study_name))
         best = f"best {summ.best_us:.2f} us{tag}" if summ.best is not None else "no successful trial"
         print(f"  {s.study_name}: {summ.measured} trials measured, {best}")
     return 0

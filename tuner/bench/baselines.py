@@ -116,8 +116,8 @@ def torch_chains(chain: Chain, x, ws) -> dict[str, Callable[[], Any]]:
 
     variants: dict[str, Callable[[], Any]] = {"torch eager": eager, "torch graph": eager}
     # cuBLASLt's built-in epilogues are GEMM epilogues.
-    fused = [e.name for st, e in zip(stages, epis) if e.torch_fused is not None and st.kind == "gemm"]
-    if fused and all(st.kind == "gemm" for st in stages):
+    fused = [e.name for st, e in zip(stages, epis) if e.torch_fused is not None and kind_of(st).STORED_A]
+    if fused and all(kind_of(st).STORED_A for st in stages):
         steps = [e.torch_fused(torch, w) if e.torch_fused is not None
                  else (lambda h, e=e, w=w: e.torch(F, torch.mm(h, w.t()))) for e, w in zip(epis, tw)]
 

@@ -33,14 +33,12 @@ import numpy as np
 
 from .expr import Expr
 from .gemm import producer_cols
-from .kind import TensorCoreStage, WorkloadError
-from .tiling import next_pow2
+from .kind import StageKind, TensorCoreStage, WorkloadError
+from .tiling import StageTiles, next_pow2
 
 if TYPE_CHECKING:
     from .tiling import StageGrid
 
-HEADER = "attention.cuh"
-TILE_TEMPLATE = "tile_attention.j2"  # the tile's type and body in the kernel template
 HEAD_DIMS = (64, 128)
 
 
@@ -135,90 +133,11 @@ KEYS_VALUES: dict[str, Expr] = {
     "A_COL": Expr(f"{_GROUP_COL} + G2 * D2"), "A_COL_HI": Expr(f"{_GROUP_COL} + G2 * D2 + 2 * D2 - 1"),
     "A_TILE_LO": Expr("0"), "A_TILE_HI": Expr("min(m2 * BM2 + BM2, M2) - 1"),
 }
-REGIONS = (QUERIES, KEYS_VALUES)
-PER_COLUMN = True  # a tile's reads depend on its heads
-OWN_WARP_TILE = True  # a warp's tile is 16 query rows by a whole head, whatever BN and WN: judged here
-PADS_ROWS = True  # rows appended after the last token are never attended by it (causal), so
-# fewer tokens can run zero-padded to a tuned count
-
-
-def env(stage: AttentionStage, idx: str) -> dict[str, int]:
-    """Constants the index map reads: the cache length, query heads per KV head, the head size and
-    the query count; ``CSTEP`` 0: the columns a tile reads stay put from chunk to chunk."""
-    return {f"CACHE{idx}": stage.cache, f"G{idx}": stage.group, f"D{idx}": stage.head_dim, f"M{idx}": stage.m,
-            f"CSTEP{idx}": 0}
-
-
-def tiling_problem(grid: "StageGrid") -> str | None:
-    """Why this tiling cannot compute the attention stage, or None."""
-    t, st = grid.tiles, grid.stage
-    if t.bn % st.head_dim or st.group % (t.bn // st.head_dim):
-        return (f"a tile is whole heads sharing one KV head: BN must be {st.head_dim} times a divisor of "
-                f"{st.group}, got BN={t.bn}")
-    if t.mma != "sync" or t.cluster != 1:
-        return "attention tiles compute with mma.sync, one block per cluster"
-    p = heads_per_tile(grid)
-    if t.bm * p != 16 * t.wm:
-        return f"each row of warps owns 16 query rows: BM tokens x {p} heads must be 16 x WM, got BM={t.bm} WM={t.wm}"
-    cap = max(16 // p, next_pow2(st.m))  # one row of warps, or M's power of two
-    if t.bm > cap:
-        return f"BM={t.bm} tokens of {p} heads is taller than needed for {st.m} tokens (at most {cap})"
-    if t.bk > 128 or t.bk % (16 * t.wn):
-        return (f"a chunk of BK={t.bk} keys, split between WN={t.wn} warps in steps of 16: accepted a multiple "
-                f"of {16 * t.wn} up to 128")
-    return None
 
 
 def heads_per_tile(grid: "StageGrid") -> int:
     """``P``: the query heads a tile packs, which share one KV head."""
     return grid.tiles.bn // grid.stage.head_dim
-
-
-def smem_bytes(grid: "StageGrid") -> int:
-    """The queries and a ring of ``stages`` chunks of keys and values, rows padded by 16 bytes; at
-    the end, where ``wn`` warps split the keys, the partial results they merge (float4s: ``D / 8``
-    fragments and the softmax state per thread) in the same memory."""
-    t, d = grid.tiles, grid.stage.head_dim
-    ring = (t.bm * heads_per_tile(grid) + t.stages * 2 * t.bk) * (d + 8) * 2
-    merge = t.wm * (t.wn - 1) * 32 * (d // 8 + 1) * 16
-    return max(ring, merge)
-
-
-def partial_floats(grid: "StageGrid") -> int:
-    """Workspace floats of one split's partial result of one tile (split-KV): the output fragments
-    of the threads that hold the merged result (the whole tile) and their rows' softmax state
-    (4 floats each)."""
-    return grid.tiles.bm * grid.tiles.bn + grid.tiles.wm * 32 * 4
-
-
-def template_constants(stage: AttentionStage) -> dict[str, object]:
-    """What the kernel template reads of the stage besides the tiling."""
-    return {"tokens": stage.tokens, "cache": stage.cache, "heads": stage.heads, "group": stage.group,
-            "head_dim": stage.head_dim, "scale_log2": repr(stage.scale * math.log2(math.e))}
-
-
-def a_arg(stage: AttentionStage) -> str:
-    return "A"
-
-
-def reference(xp, qkv, cache, stage: AttentionStage):
-    """float32 attention output ``[tokens, heads*D]`` from the QKV output and the cache, for arrays
-    of module ``xp`` (numpy or cupy)."""
-    return _attend(xp, qkv.astype(xp.float32), cache.astype(xp.float32), stage, xp.float32)
-
-
-def b_operand(stage: AttentionStage) -> tuple[tuple[int, int], float]:
-    """The KV cache in the weights' place: ``[kv_heads * 2 * cache, D]`` (keys then values per KV
-    head), and the scale of random test entries (like the projection's outputs)."""
-    return (stage.kv_heads * 2 * stage.cache, stage.head_dim), 1.0
-
-
-def block_work(grid: "StageGrid") -> tuple[int, int, int]:
-    """For the cost model: bytes one block reads (its queries, the keys and values of its split), FLOPs
-    it computes, and the bytes of one ring slot (a chunk's keys and values)."""
-    t, d, p = grid.tiles, grid.stage.head_dim, heads_per_tile(grid)
-    keys = grid.ks * t.bk
-    return (min(t.bm, grid.stage.m) * p + 2 * keys) * d * 2, 4 * t.bm * p * d * keys, 2 * t.bk * d * 2
 
 
 def _split(xp, qkv, cache, stage: AttentionStage):
@@ -245,67 +164,6 @@ def _attend(xp, qkv, cache, stage: AttentionStage, weights):
     return o.transpose(2, 0, 1, 3).reshape(stage.tokens, stage.n)
 
 
-def cupy_stage(cp, qkv, cache, stage: AttentionStage):
-    """Attention as a CuPy user writes it: batched cuBLAS products per KV head, the causal mask,
-    a float32 softmax, fp16 weights times the values."""
-    return _attend(cp, qkv, cache, stage, cp.float16)
-
-
-def torch_input(torch, x, stage: AttentionStage):
-    return x
-
-
-def torch_weight(torch, w, stage: AttentionStage):
-    """The cache as a PyTorch model holds it: ``[kv_heads, 2, cache, D]``."""
-    return w.view(stage.kv_heads, 2, stage.cache, stage.head_dim)
-
-
-def torch_stage(F, h, w, stage: AttentionStage):
-    """Attention in PyTorch: ``scaled_dot_product_attention`` over the cache and the new tokens,
-    its causal mask aligned to the last key (``causal_lower_right``) where there is a cache, and
-    the KV heads shared by their query heads (``enable_gqa``, else repeated)."""
-    import torch  # noqa: PLC0415 - only called where PyTorch runs the baseline
-
-    b, d, g, kvh = stage.tokens, stage.head_dim, stage.group, stage.kv_heads
-    parts = h.view(b, kvh, g + 2, d)
-    q = parts[:, :, :g].reshape(b, stage.heads, d).transpose(0, 1)[None]  # [1, heads, tokens, D]
-    k = torch.cat([w[:, 0], parts[:, :, g].transpose(0, 1)], dim=1)[None]  # [1, kv_heads, keys, D]
-    v = torch.cat([w[:, 1], parts[:, :, g + 1].transpose(0, 1)], dim=1)[None]
-    if stage.cache == 0:
-        mask, causal = None, True
-    elif b == 1:
-        mask, causal = None, False  # one query sees every key
-    else:
-        try:
-            from torch.nn.attention.bias import causal_lower_right  # noqa: PLC0415
-            mask = causal_lower_right(b, stage.k)
-        except ImportError:
-            mask = torch.ones(b, stage.k, dtype=torch.bool, device=h.device).tril(stage.cache)
-        causal = False
-    if g > 1:
-        try:
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
-        except TypeError:  # a PyTorch before enable_gqa
-            o = F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1),
-                                               attn_mask=mask, is_causal=causal)
-    else:
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-    return o[0].transpose(0, 1).reshape(b, stage.n)
-
-
-def torch_output(h, stage: AttentionStage):
-    return h
-
-
-def check_shapes(producer: "StageGrid", consumer: "StageGrid") -> str | None:
-    """Why the consumer cannot read the producer's output as its queries, keys and values, or None."""
-    p, c = producer.stage, consumer.stage
-    if p.m != c.tokens or p.n_out != c.qkv_cols:
-        return (f"{c.name} reads {p.name}'s {p.m}x{p.n_out} output as the queries, keys and values of "
-                f"{c.tokens} tokens ({c.tokens}x{c.qkv_cols}): the shapes must agree")
-    return None
-
-
 def _producer_tiles(producer: "StageGrid", rows: tuple[int, int], cols: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Producer tiles ``(m1, n1)`` holding output rows ``[rows)`` and stored columns ``[cols)``."""
     lo, hi = producer_cols(producer)
@@ -315,38 +173,171 @@ def _producer_tiles(producer: "StageGrid", rows: tuple[int, int], cols: tuple[in
     return np.repeat(m1, n1.size), np.tile(n1, m1.size)
 
 
-def reads(producer: "StageGrid", consumer: "StageGrid") -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """The true dependencies: per consumer tile ``(m2, n2)`` (wait row ``m2 * NT + n2``), arrays
-    ``(s, m1, n1, kc)``: split ``s`` first reads producer tile ``(m1, n1)`` at chunk ``kc``."""
-    st, t = consumer.stage, consumer.tiles
-    c, d, g, p = st.cache, st.head_dim, st.group, heads_per_tile(consumer)
-    out = []
-    for m2 in range(consumer.mt):
-        q0, q1 = m2 * t.bm, min(m2 * t.bm + t.bm, st.m)
-        last_key = c + q1 - 1
-        for n2 in range(consumer.nt):
-            h0 = n2 * p
-            base = h0 // g * (g + 2) * d
-            q_cols, kv_cols = (base + h0 % g * d, base + h0 % g * d + p * d), (base + g * d, base + g * d + 2 * d)
-            seen: dict[tuple[int, int, int], int] = {}
-            for s in range(t.split_k):
-                for kc in consumer.split_chunks(s):
-                    k0 = kc * t.bk
-                    if k0 > last_key:
-                        break
-                    regions = [((q0, q1), q_cols)] if kc == consumer.split_chunks(s).start else []
-                    if k0 + t.bk > c:
-                        regions.append(((max(k0, c) - c, min(k0 + t.bk - 1, last_key) - c + 1), kv_cols))
-                    for rows, cols in regions:
-                        for m1, n1 in zip(*_producer_tiles(producer, rows, cols)):
-                            seen.setdefault((s, int(m1), int(n1)), kc)
-            keys = list(seen)
-            out.append(tuple(np.array([k[j] for k in keys] if keys else [], dtype=np.int64) for j in range(3))
-                       + (np.array(list(seen.values()), dtype=np.int64),))
-    return out
+class AttentionKind(StageKind):
+    """Causal multi-head attention over a KV cache."""
 
+    name = "attention"
+    stage_class = AttentionStage
+    HEADER = "attention.cuh"
+    TILE_TEMPLATE = "tile_attention.j2"  # the tile's type and body in the kernel template
+    REGIONS = (QUERIES, KEYS_VALUES)
+    PER_COLUMN = True  # a tile's reads depend on its heads
+    OWN_WARP_TILE = True  # a warp's tile is 16 query rows by a whole head, whatever BN and WN: judged here
+    PADS_ROWS = True  # rows appended after the last token are never attended by it (causal), so
+    # fewer tokens can run zero-padded to a tuned count
 
-def chunk_columns(consumer: "StageGrid", kc: int) -> str:
-    """Which part of the reduction chunk ``kc`` loads, for messages."""
-    st, bk = consumer.stage, consumer.tiles.bk
-    return f"keys {kc * bk}..{min(kc * bk + bk, st.k) - 1}"
+    def heads_per_tile(self, grid: "StageGrid") -> int:
+        return heads_per_tile(grid)
+
+    def case_tiles(self, stage: AttentionStage, shared: "StageTiles", pack: bool) -> "StageTiles":
+        """16 query rows per row of warps (four rows past 64 tokens), a whole head per tile, or as
+        many heads of one KV group as divide it when packed; the shared tiling's split."""
+        p = max(h for h in (1, 2, 4, 8) if stage.group % h == 0) if pack else 1
+        wm = 1 if stage.m <= 64 else 4
+        return StageTiles(16 * wm // p, stage.head_dim * p, 64, wm, 1, 2, shared.split_k)
+
+    def env(self, stage: AttentionStage, idx: str) -> dict[str, int]:
+        """Constants the index map reads: the cache length, query heads per KV head, the head size and
+        the query count; ``CSTEP`` 0: the columns a tile reads stay put from chunk to chunk."""
+        return {f"CACHE{idx}": stage.cache, f"G{idx}": stage.group, f"D{idx}": stage.head_dim, f"M{idx}": stage.m,
+                f"CSTEP{idx}": 0}
+
+    def tiling_problem(self, grid: "StageGrid") -> str | None:
+        """Why this tiling cannot compute the attention stage, or None."""
+        t, st = grid.tiles, grid.stage
+        if t.bn % st.head_dim or st.group % (t.bn // st.head_dim):
+            return (f"a tile is whole heads sharing one KV head: BN must be {st.head_dim} times a divisor of "
+                    f"{st.group}, got BN={t.bn}")
+        if t.mma != "sync" or t.cluster != 1:
+            return "attention tiles compute with mma.sync, one block per cluster"
+        p = heads_per_tile(grid)
+        if t.bm * p != 16 * t.wm:
+            return f"each row of warps owns 16 query rows: BM tokens x {p} heads must be 16 x WM, got BM={t.bm} WM={t.wm}"
+        cap = max(16 // p, next_pow2(st.m))  # one row of warps, or M's power of two
+        if t.bm > cap:
+            return f"BM={t.bm} tokens of {p} heads is taller than needed for {st.m} tokens (at most {cap})"
+        if t.bk > 128 or t.bk % (16 * t.wn):
+            return (f"a chunk of BK={t.bk} keys, split between WN={t.wn} warps in steps of 16: accepted a multiple "
+                    f"of {16 * t.wn} up to 128")
+        return None
+
+    def smem_bytes(self, grid: "StageGrid") -> int:
+        """The queries and a ring of ``stages`` chunks of keys and values, rows padded by 16 bytes; at
+        the end, where ``wn`` warps split the keys, the partial results they merge (float4s: ``D / 8``
+        fragments and the softmax state per thread) in the same memory."""
+        t, d = grid.tiles, grid.stage.head_dim
+        ring = (t.bm * heads_per_tile(grid) + t.stages * 2 * t.bk) * (d + 8) * 2
+        merge = t.wm * (t.wn - 1) * 32 * (d // 8 + 1) * 16
+        return max(ring, merge)
+
+    def partial_floats(self, grid: "StageGrid") -> int:
+        """Workspace floats of one split's partial result of one tile (split-KV): the output fragments
+        of the threads that hold the merged result (the whole tile) and their rows' softmax state
+        (4 floats each)."""
+        return grid.tiles.bm * grid.tiles.bn + grid.tiles.wm * 32 * 4
+
+    def template_constants(self, stage: AttentionStage) -> dict[str, object]:
+        """What the kernel template reads of the stage besides the tiling."""
+        return {"tokens": stage.tokens, "cache": stage.cache, "heads": stage.heads, "group": stage.group,
+                "head_dim": stage.head_dim, "scale_log2": repr(stage.scale * math.log2(math.e))}
+
+    def reference(self, xp, qkv, cache, stage: AttentionStage):
+        """float32 attention output ``[tokens, heads*D]`` from the QKV output and the cache, for arrays
+        of module ``xp`` (numpy or cupy)."""
+        return _attend(xp, qkv.astype(xp.float32), cache.astype(xp.float32), stage, xp.float32)
+
+    def b_operand(self, stage: AttentionStage) -> tuple[tuple[int, int], float]:
+        """The KV cache in the weights' place: ``[kv_heads * 2 * cache, D]`` (keys then values per KV
+        head), and the scale of random test entries (like the projection's outputs)."""
+        return (stage.kv_heads * 2 * stage.cache, stage.head_dim), 1.0
+
+    def block_work(self, grid: "StageGrid") -> tuple[int, int, int]:
+        """For the cost model: bytes one block reads (its queries, the keys and values of its split), FLOPs
+        it computes, and the bytes of one ring slot (a chunk's keys and values)."""
+        t, d, p = grid.tiles, grid.stage.head_dim, heads_per_tile(grid)
+        keys = grid.ks * t.bk
+        return (min(t.bm, grid.stage.m) * p + 2 * keys) * d * 2, 4 * t.bm * p * d * keys, 2 * t.bk * d * 2
+
+    def cupy_stage(self, cp, qkv, cache, stage: AttentionStage):
+        """Attention as a CuPy user writes it: batched cuBLAS products per KV head, the causal mask,
+        a float32 softmax, fp16 weights times the values."""
+        return _attend(cp, qkv, cache, stage, cp.float16)
+
+    def torch_weight(self, torch, w, stage: AttentionStage):
+        """The cache as a PyTorch model holds it: ``[kv_heads, 2, cache, D]``."""
+        return w.view(stage.kv_heads, 2, stage.cache, stage.head_dim)
+
+    def torch_stage(self, F, h, w, stage: AttentionStage):
+        """Attention in PyTorch: ``scaled_dot_product_attention`` over the cache and the new tokens,
+        its causal mask aligned to the last key (``causal_lower_right``) where there is a cache, and
+        the KV heads shared by their query heads (``enable_gqa``, else repeated)."""
+        import torch  # noqa: PLC0415 - only called where PyTorch runs the baseline
+
+        b, d, g, kvh = stage.tokens, stage.head_dim, stage.group, stage.kv_heads
+        parts = h.view(b, kvh, g + 2, d)
+        q = parts[:, :, :g].reshape(b, stage.heads, d).transpose(0, 1)[None]  # [1, heads, tokens, D]
+        k = torch.cat([w[:, 0], parts[:, :, g].transpose(0, 1)], dim=1)[None]  # [1, kv_heads, keys, D]
+        v = torch.cat([w[:, 1], parts[:, :, g + 1].transpose(0, 1)], dim=1)[None]
+        if stage.cache == 0:
+            mask, causal = None, True
+        elif b == 1:
+            mask, causal = None, False  # one query sees every key
+        else:
+            try:
+                from torch.nn.attention.bias import causal_lower_right  # noqa: PLC0415
+                mask = causal_lower_right(b, stage.k)
+            except ImportError:
+                mask = torch.ones(b, stage.k, dtype=torch.bool, device=h.device).tril(stage.cache)
+            causal = False
+        if g > 1:
+            try:
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+            except TypeError:  # a PyTorch before enable_gqa
+                o = F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1),
+                                                   attn_mask=mask, is_causal=causal)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+        return o[0].transpose(0, 1).reshape(b, stage.n)
+
+    def check_shapes(self, producer: "StageGrid", consumer: "StageGrid") -> str | None:
+        """Why the consumer cannot read the producer's output as its queries, keys and values, or None."""
+        p, c = producer.stage, consumer.stage
+        if p.m != c.tokens or p.n_out != c.qkv_cols:
+            return (f"{c.name} reads {p.name}'s {p.m}x{p.n_out} output as the queries, keys and values of "
+                    f"{c.tokens} tokens ({c.tokens}x{c.qkv_cols}): the shapes must agree")
+        return None
+
+    def reads(self, producer: "StageGrid", consumer: "StageGrid") -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """The true dependencies: per consumer tile ``(m2, n2)`` (wait row ``m2 * NT + n2``), arrays
+        ``(s, m1, n1, kc)``: split ``s`` first reads producer tile ``(m1, n1)`` at chunk ``kc``."""
+        st, t = consumer.stage, consumer.tiles
+        c, d, g, p = st.cache, st.head_dim, st.group, heads_per_tile(consumer)
+        out = []
+        for m2 in range(consumer.mt):
+            q0, q1 = m2 * t.bm, min(m2 * t.bm + t.bm, st.m)
+            last_key = c + q1 - 1
+            for n2 in range(consumer.nt):
+                h0 = n2 * p
+                base = h0 // g * (g + 2) * d
+                q_cols, kv_cols = (base + h0 % g * d, base + h0 % g * d + p * d), (base + g * d, base + g * d + 2 * d)
+                seen: dict[tuple[int, int, int], int] = {}
+                for s in range(t.split_k):
+                    for kc in consumer.split_chunks(s):
+                        k0 = kc * t.bk
+                        if k0 > last_key:
+                            break
+                        regions = [((q0, q1), q_cols)] if kc == consumer.split_chunks(s).start else []
+                        if k0 + t.bk > c:
+                            regions.append(((max(k0, c) - c, min(k0 + t.bk - 1, last_key) - c + 1), kv_cols))
+                        for rows, cols in regions:
+                            for m1, n1 in zip(*_producer_tiles(producer, rows, cols)):
+                                seen.setdefault((s, int(m1), int(n1)), kc)
+                keys = list(seen)
+                out.append(tuple(np.array([k[j] for k in keys] if keys else [], dtype=np.int64) for j in range(3))
+                           + (np.array(list(seen.values()), dtype=np.int64),))
+        return out
+
+    def chunk_columns(self, consumer: "StageGrid", kc: int) -> str:
+        """Which part of the reduction chunk ``kc`` loads, for messages."""
+        st, bk = consumer.stage, consumer.tiles.bk
+        return f"keys {kc * bk}..{min(kc * bk + bk, st.k) - 1}"

@@ -19,16 +19,12 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from .expr import Expr
-
-# An implicit GEMM's tile is a GEMM's: its shared memory, split-K partials, weights and cost-model work.
-from .gemm import b_operand, block_work, partial_floats, producer_cols, smem_bytes, template_constants  # noqa: F401
+from .gemm import GemmKind, producer_cols
 from .kind import TensorCoreStage, WorkloadError
 
 if TYPE_CHECKING:
     from .tiling import StageGrid
 
-HEADER = "conv.cuh"  # the A operand's view, pasted into sources that hold a convolution
-TILE_TEMPLATE = "tile_gemm.j2"  # an implicit GEMM: the GEMM's tile
 TAPS = 9
 
 
@@ -89,31 +85,6 @@ INDEX_MAP: dict[str, Expr] = {
     "A_COL": Expr("kc * BK2 % C2"),
     "A_COL_HI": Expr("kc * BK2 % C2 + BK2 - 1"),
 }
-REGIONS = (INDEX_MAP,)
-PER_COLUMN = False  # a tile's reads do not depend on its column
-OWN_WARP_TILE = False  # a warp's tile is its share of BM x BN (space.warp_tile, space.accumulators)
-PADS_ROWS = False  # rows are pixels of images of one size, which the input's shape alone does not tell
-
-
-def env(stage: ConvStage, idx: str) -> dict[str, int]:
-    """Constants the index map reads: the image width, the input channels and the pixel count;
-    ``CSTEP`` 1: chunks walk along the producer's columns (channels)."""
-    return {f"W{idx}": stage.width, f"C{idx}": stage.c_in, f"M{idx}": stage.m, f"CSTEP{idx}": 1}
-
-
-def tiling_problem(grid: "StageGrid") -> str | None:
-    """Why this tiling cannot compute the convolution, or None."""
-    t, st = grid.tiles, grid.stage
-    if st.c_in % t.bk:
-        return f"a K chunk must hold one tap: {st.c_in} input channels are not a multiple of BK={t.bk}"
-    if t.tma:
-        return "the gathered A operand is loaded by cp.async; the TMA copies plain matrices"
-    return None
-
-
-def a_arg(stage: ConvStage) -> str:
-    """The A operand the kernel's mainloop reads (``A`` is the input pointer)."""
-    return f"Im2col3x3<{stage.height}, {stage.width}, {stage.c_in}>{{A}}"
 
 
 def im2col(xp, a, stage: ConvStage):
@@ -125,82 +96,107 @@ def im2col(xp, a, stage: ConvStage):
     return xp.concatenate(cols, axis=3).reshape(stage.m, stage.k)
 
 
-def reference(xp, a, w, stage: ConvStage):
-    """float32 convolution before the epilogue, for arrays of module ``xp`` (numpy or cupy)."""
-    return im2col(xp, a, stage) @ w.T
+class ConvKind(GemmKind):
+    """The 3x3 convolution: an implicit GEMM, whose tile, shared memory, split-K partials,
+    weights and cost-model work are the GEMM's; its A operand is gathered, so its index map, its
+    tilings, its reference and its baselines are its own."""
 
+    name = "conv"
+    stage_class = ConvStage
+    HEADER = "conv.cuh"  # the A operand's view, pasted into sources that hold a convolution
+    TILE_TEMPLATE = "tile_gemm.j2"  # an implicit GEMM: the GEMM's tile
+    REGIONS = (INDEX_MAP,)
+    PER_COLUMN = False  # a tile's reads do not depend on its column
+    OWN_WARP_TILE = False  # a warp's tile is its share of BM x BN (space.warp_tile, space.accumulators)
+    PADS_ROWS = False  # rows are pixels of images of one size, which the input's shape alone does not tell
+    STORED_A = False  # A is gathered from the image (im2col), never stored
+    MIN_CASE_ROWS = 64  # the cases' 16-row tiles are the GEMMs' for a few tokens; pixels come in images
 
-def cupy_stage(cp, a, w, stage: ConvStage):
-    """The stage before its epilogue as a CuPy user writes it: im2col, then one cuBLAS GEMM."""
-    return im2col(cp, a, stage) @ w.T
+    def env(self, stage: ConvStage, idx: str) -> dict[str, int]:
+        """Constants the index map reads: the image width, the input channels and the pixel count;
+        ``CSTEP`` 1: chunks walk along the producer's columns (channels)."""
+        return {f"W{idx}": stage.width, f"C{idx}": stage.c_in, f"M{idx}": stage.m, f"CSTEP{idx}": 1}
 
+    def tiling_problem(self, grid: "StageGrid") -> str | None:
+        """Why this tiling cannot compute the convolution, or None."""
+        t, st = grid.tiles, grid.stage
+        if st.c_in % t.bk:
+            return f"a K chunk must hold one tap: {st.c_in} input channels are not a multiple of BK={t.bk}"
+        if t.tma:
+            return "the gathered A operand is loaded by cp.async; the TMA copies plain matrices"
+        return None
 
-def torch_input(torch, x, stage: ConvStage):
-    """The input as an NCHW tensor in channels-last memory (a view of our NHWC buffer, no copy)."""
-    return x.view(stage.batch, stage.height, stage.width, stage.c_in).permute(0, 3, 1, 2)
+    def a_arg(self, stage: ConvStage) -> str:
+        """The A operand the kernel's mainloop reads (``A`` is the input pointer)."""
+        return f"Im2col3x3<{stage.height}, {stage.width}, {stage.c_in}>{{A}}"
 
+    def reference(self, xp, a, w, stage: ConvStage):
+        """float32 convolution before the epilogue, for arrays of module ``xp`` (numpy or cupy)."""
+        return im2col(xp, a, stage) @ w.T
 
-def torch_weight(torch, w, stage: ConvStage):
-    """The weight as ``[C_out, C_in, 3, 3]`` in channels-last memory (a view, no copy)."""
-    return w.view(stage.c_out, 3, 3, stage.c_in).permute(0, 3, 1, 2)
+    def cupy_stage(self, cp, a, w, stage: ConvStage):
+        """The stage before its epilogue as a CuPy user writes it: im2col, then one cuBLAS GEMM."""
+        return im2col(cp, a, stage) @ w.T
 
+    def torch_input(self, torch, x, stage: ConvStage):
+        """The input as an NCHW tensor in channels-last memory (a view of our NHWC buffer, no copy)."""
+        return x.view(stage.batch, stage.height, stage.width, stage.c_in).permute(0, 3, 1, 2)
 
-def torch_stage(F, h, w, stage: ConvStage):
-    """The convolution before its epilogue in PyTorch (cuDNN)."""
-    return F.conv2d(h, w, padding=1)
+    def torch_weight(self, torch, w, stage: ConvStage):
+        """The weight as ``[C_out, C_in, 3, 3]`` in channels-last memory (a view, no copy)."""
+        return w.view(stage.c_out, 3, 3, stage.c_in).permute(0, 3, 1, 2)
 
+    def torch_stage(self, F, h, w, stage: ConvStage):
+        """The convolution before its epilogue in PyTorch (cuDNN)."""
+        return F.conv2d(h, w, padding=1)
 
-def torch_output(h, stage: ConvStage):
-    """PyTorch's NCHW channels-last output as our ``[pixels, channels]`` matrix."""
-    return h.permute(0, 2, 3, 1).reshape(stage.m, -1)
+    def torch_output(self, h, stage: ConvStage):
+        """PyTorch's NCHW channels-last output as our ``[pixels, channels]`` matrix."""
+        return h.permute(0, 2, 3, 1).reshape(stage.m, -1)
 
+    def check_shapes(self, producer: "StageGrid", consumer: "StageGrid") -> str | None:
+        """Why the consumer cannot read the producer's output as its input image, or None."""
+        p, c = producer.stage, consumer.stage
+        if c.m != p.m or c.c_in != p.n_out:
+            return (f"{c.name} reads {p.name}'s {p.m}x{p.n_out} output as its {c.batch}x{c.height}x{c.width} image "
+                    f"of {c.c_in} channels: the pixel counts and channels must agree")
+        return None
 
-def check_shapes(producer: "StageGrid", consumer: "StageGrid") -> str | None:
-    """Why the consumer cannot read the producer's output as its input image, or None."""
-    p, c = producer.stage, consumer.stage
-    if c.m != p.m or c.c_in != p.n_out:
-        return (f"{c.name} reads {p.name}'s {p.m}x{p.n_out} output as its {c.batch}x{c.height}x{c.width} image "
-                f"of {c.c_in} channels: the pixel counts and channels must agree")
-    return None
+    def reads(self, producer: "StageGrid", consumer: "StageGrid") -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """The true dependencies, from the index map: per consumer tile row ``m2``, arrays ``(s, m1, n1, kc)``:
+        split ``s`` of that row first reads producer tile ``(m1, n1)`` at chunk ``kc``. Exact: a tap's
+        pixels that fall off the image (padding) read nothing."""
+        st, bm2, bk = consumer.stage, consumer.tiles.bm, consumer.tiles.bk
+        H, W, C, M = st.height, st.width, st.c_in, st.m
+        bm1 = producer.tiles.bm
+        kcs = np.arange(consumer.kc, dtype=np.int64)
+        tap, c0 = kcs * bk // C, kcs * bk % C
+        split = consumer.split_of(kcs)
+        lo, hi = producer_cols(producer)
+        # Producer tile columns each chunk reads: the channels [c0, c0 + bk).
+        chunk_n1 = [np.flatnonzero((lo < c + bk) & (hi > c)) for c in c0.tolist()]
+        out = []
+        for m2 in range(consumer.mt):
+            p = np.arange(m2 * bm2, min((m2 + 1) * bm2, M), dtype=np.int64)
+            h, w = (p // W) % H, p % W
+            rows_of_tap = []
+            for t in range(TAPS):
+                dh, dw = t // 3 - 1, t % 3 - 1
+                ok = (h + dh >= 0) & (h + dh < H) & (w + dw >= 0) & (w + dw < W)
+                rows_of_tap.append(np.unique((p[ok] + dh * W + dw) // bm1))
+            parts = [(np.full(m1.size * n1.size, split[k]), np.repeat(m1, n1.size), np.tile(n1, m1.size),
+                      np.full(m1.size * n1.size, k))
+                     for k in range(consumer.kc) for m1 in (rows_of_tap[tap[k]],) for n1 in (chunk_n1[k],)]
+            s_, m1_, n1_, k_ = (np.concatenate([x[j] for x in parts]) if parts else np.zeros(0, np.int64)
+                                for j in range(4))
+            # The first chunk per (split, producer tile): chunks are listed in order.
+            key = (s_ * producer.mt + m1_) * producer.nt + n1_
+            _, first = np.unique(key, return_index=True)
+            out.append((s_[first], m1_[first], n1_[first], k_[first]))
+        return out
 
-
-def reads(producer: "StageGrid", consumer: "StageGrid") -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """The true dependencies, from the index map: per consumer tile row ``m2``, arrays ``(s, m1, n1, kc)``:
-    split ``s`` of that row first reads producer tile ``(m1, n1)`` at chunk ``kc``. Exact: a tap's
-    pixels that fall off the image (padding) read nothing."""
-    st, bm2, bk = consumer.stage, consumer.tiles.bm, consumer.tiles.bk
-    H, W, C, M = st.height, st.width, st.c_in, st.m
-    bm1 = producer.tiles.bm
-    kcs = np.arange(consumer.kc, dtype=np.int64)
-    tap, c0 = kcs * bk // C, kcs * bk % C
-    split = consumer.split_of(kcs)
-    lo, hi = producer_cols(producer)
-    # Producer tile columns each chunk reads: the channels [c0, c0 + bk).
-    chunk_n1 = [np.flatnonzero((lo < c + bk) & (hi > c)) for c in c0.tolist()]
-    out = []
-    for m2 in range(consumer.mt):
-        p = np.arange(m2 * bm2, min((m2 + 1) * bm2, M), dtype=np.int64)
-        h, w = (p // W) % H, p % W
-        rows_of_tap = []
-        for t in range(TAPS):
-            dh, dw = t // 3 - 1, t % 3 - 1
-            ok = (h + dh >= 0) & (h + dh < H) & (w + dw >= 0) & (w + dw < W)
-            rows_of_tap.append(np.unique((p[ok] + dh * W + dw) // bm1))
-        parts = [(np.full(m1.size * n1.size, split[k]), np.repeat(m1, n1.size), np.tile(n1, m1.size),
-                  np.full(m1.size * n1.size, k))
-                 for k in range(consumer.kc) for m1 in (rows_of_tap[tap[k]],) for n1 in (chunk_n1[k],)]
-        s_, m1_, n1_, k_ = (np.concatenate([x[j] for x in parts]) if parts else np.zeros(0, np.int64)
-                            for j in range(4))
-        # The first chunk per (split, producer tile): chunks are listed in order.
-        key = (s_ * producer.mt + m1_) * producer.nt + n1_
-        _, first = np.unique(key, return_index=True)
-        out.append((s_[first], m1_[first], n1_[first], k_[first]))
-    return out
-
-
-def chunk_columns(consumer: "StageGrid", kc: int) -> str:
-    """Which part of the reduction chunk ``kc`` loads, for messages."""
-    st, bk = consumer.stage, consumer.tiles.bk
-    tap, c0 = kc * bk // st.c_in, kc * bk % st.c_in
-    return f"tap ({tap // 3 - 1:+d}, {tap % 3 - 1:+d}), channels {c0}..{min(c0 + bk, st.c_in) - 1}"
-
+    def chunk_columns(self, consumer: "StageGrid", kc: int) -> str:
+        """Which part of the reduction chunk ``kc`` loads, for messages."""
+        st, bk = consumer.stage, consumer.tiles.bk
+        tap, c0 = kc * bk // st.c_in, kc * bk % st.c_in
+        return f"tap ({tap // 3 - 1:+d}, {tap % 3 - 1:+d}), channels {c0}..{min(c0 + bk, st.c_in) - 1}"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from .expr import Expr
-from .kind import TensorCoreStage, WorkloadError
+from .kind import StageKind, TensorCoreStage, WorkloadError
 
 if TYPE_CHECKING:
     from .tiling import StageGrid
@@ -48,9 +48,6 @@ class GemmStage(TensorCoreStage):
         return (self.m, self.k)
 
 
-HEADER: str | None = None  # the kind's own kernel header, beside the shared ones (none: RowMajor is shared)
-TILE_TEMPLATE = "tile_gemm.j2"  # the tile's type and body in the kernel template
-
 # The index map as formulas in the consumer's names (see tuner.sync.policies.INDEX_MAP_NAMES): one region,
 # the A operand, read at the same rows at every chunk, so a chunk's rows are the tile's, and its
 # columns walk along with the chunks.
@@ -58,94 +55,6 @@ INDEX_MAP: dict[str, Expr] = {"A_ANY": Expr("1"), "A_FRESH": Expr("0"),
                               "A_ROW_LO": Expr("m2 * BM2"), "A_ROW_HI": Expr("m2 * BM2 + BM2 - 1"),
                               "A_TILE_LO": Expr("m2 * BM2"), "A_TILE_HI": Expr("m2 * BM2 + BM2 - 1"),
                               "A_COL": Expr("kc * BK2"), "A_COL_HI": Expr("kc * BK2 + BK2 - 1")}
-REGIONS = (INDEX_MAP,)
-PER_COLUMN = False  # a tile's reads do not depend on its column
-OWN_WARP_TILE = False  # a warp's tile is its share of BM x BN (space.warp_tile, space.accumulators)
-PADS_ROWS = True  # rows are independent: fewer can run zero-padded to a tuned count
-
-
-def env(stage: GemmStage, idx: str) -> dict[str, int]:
-    """Constants the kind's formulas read besides the tiling's: ``CSTEP`` (1: chunks walk along
-    the producer's columns)."""
-    return {f"CSTEP{idx}": 1}
-
-
-def tiling_problem(grid: "StageGrid") -> str | None:
-    """Why this tiling cannot compute the stage, beyond the constraints every kind shares (none)."""
-    return None
-
-
-def smem_bytes(grid: "StageGrid") -> int:
-    """Shared memory of a block: the tiling's ring of A and B slabs (and, for persistent blocks, the
-    epilogue's output, whose stored width the stage's epilogue sets)."""
-    return grid.tiles.smem_bytes(grid.tiles.bn // grid.stage.fold, grid.stage.n_out)
-
-
-def partial_floats(grid: "StageGrid") -> int:
-    """Workspace floats of one split's partial sums of one tile (split-K): the whole tile."""
-    return grid.tiles.bm * grid.tiles.bn
-
-
-def b_operand(stage: GemmStage) -> tuple[tuple[int, int], float]:
-    """The weights' shape ``[N, K]``, and the scale of random test weights (outputs stay near 1)."""
-    return (stage.n, stage.k), 1.0 / stage.k ** 0.5
-
-
-def block_work(grid: "StageGrid") -> tuple[int, int, int]:
-    """For the cost model: bytes one block reads (A and B slabs of its split), FLOPs it computes, and
-    the bytes of one ring slot of the operand it streams (a weight slab)."""
-    t = grid.tiles
-    k_elems = grid.ks * t.bk
-    return (min(t.bm, grid.stage.m) + t.bn) * k_elems * 2, 2 * t.bm * t.bn * k_elems, t.bn * t.bk * 2
-
-
-def template_constants(stage: GemmStage) -> dict[str, object]:
-    """What the kernel template reads of the stage besides its sizes and tiling (nothing)."""
-    return {}
-
-
-def a_arg(stage: GemmStage) -> str:
-    """The A operand the kernel's mainloop reads: the pointer ``A``, seen as a K-contiguous matrix."""
-    return "A"
-
-
-def reference(xp, a, w, stage: GemmStage):
-    """float32 ``a @ w.T`` before the epilogue, for arrays of module ``xp`` (numpy or cupy)."""
-    return a @ w.T
-
-
-def cupy_stage(cp, a, w, stage: GemmStage):
-    """The stage before its epilogue as a CuPy user writes it (cuBLAS)."""
-    return a @ w.T
-
-
-def torch_input(torch, x, stage: GemmStage):
-    """The chain's input as a PyTorch model holds it."""
-    return x
-
-
-def torch_weight(torch, w, stage: GemmStage):
-    """The stage's weight as a PyTorch model holds it (before the epilogue's own re-layout)."""
-    return w
-
-
-def torch_stage(F, h, w, stage: GemmStage):
-    """The stage before its epilogue in PyTorch."""
-    return F.linear(h, w)
-
-
-def torch_output(h, stage: GemmStage):
-    """PyTorch's output as our ``[M, N_out]`` matrix."""
-    return h
-
-
-def check_shapes(producer: "StageGrid", consumer: "StageGrid") -> str | None:
-    """Why the consumer cannot read the producer's output as its A operand, or None."""
-    p, c = producer.stage, consumer.stage
-    if c.m != p.m or c.k != p.n_out:
-        return (f"{c.name} reads {p.name}'s {p.m}x{p.n_out} output as its {c.m}x{c.k} A operand: "
-                f"the identity index map needs equal shapes")
-    return None
 
 
 def producer_cols(producer: "StageGrid") -> tuple[np.ndarray, np.ndarray]:
@@ -174,22 +83,79 @@ def first_read(producer: "StageGrid", consumer: "StageGrid") -> np.ndarray:
     return np.where(ok, req, NEVER)
 
 
-def reads(producer: "StageGrid", consumer: "StageGrid") -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """The true dependencies, from the index map: per consumer tile row ``m2``, arrays
-    ``(s, m1, n1, kc)``: split ``s`` of that row first reads producer tile ``(m1, n1)`` at chunk ``kc``."""
-    first = first_read(producer, consumer)  # rows and columns are independent under the identity map
-    s_idx, n1_idx = np.nonzero(first != NEVER)
-    kcs = first[s_idx, n1_idx]
-    bm1, bm2, rows = producer.tiles.bm, consumer.tiles.bm, consumer.stage.m
-    out = []
-    for m2 in range(consumer.mt):
-        lo, hi = m2 * bm2 // bm1, (min(m2 * bm2 + bm2, rows) - 1) // bm1
-        m1 = np.repeat(np.arange(lo, hi + 1, dtype=np.int64), s_idx.size)
-        k = hi - lo + 1
-        out.append((np.tile(s_idx, k), m1, np.tile(n1_idx, k), np.tile(kcs, k)))
-    return out
+class GemmKind(StageKind):
+    """The GEMM stage kind: ``C[M,N] = epilogue(A[M,K] @ B[N,K]^T)``."""
 
+    name = "gemm"
+    stage_class = GemmStage
+    HEADER = None  # the kind's own kernel header, beside the shared ones (none: RowMajor is shared)
+    TILE_TEMPLATE = "tile_gemm.j2"  # the tile's type and body in the kernel template
+    REGIONS = (INDEX_MAP,)
+    PER_COLUMN = False  # a tile's reads do not depend on its column
+    OWN_WARP_TILE = False  # a warp's tile is its share of BM x BN (space.warp_tile, space.accumulators)
+    PADS_ROWS = True  # rows are independent: fewer can run zero-padded to a tuned count
+    STORED_A = True  # A is a stored [M, K] matrix: TMA copies it, a library GEMM multiplies it
 
-def chunk_columns(consumer: "StageGrid", kc: int) -> str:
-    """Which A columns chunk ``kc`` loads, for messages."""
-    return f"columns {kc * consumer.tiles.bk}..{min((kc + 1) * consumer.tiles.bk, consumer.stage.k) - 1}"
+    def env(self, stage: GemmStage, idx: str) -> dict[str, int]:
+        """Constants the kind's formulas read besides the tiling's: ``CSTEP`` (1: chunks walk along
+        the producer's columns)."""
+        return {f"CSTEP{idx}": 1}
+
+    def smem_bytes(self, grid: "StageGrid") -> int:
+        """Shared memory of a block: the tiling's ring of A and B slabs (and, for persistent blocks, the
+        epilogue's output, whose stored width the stage's epilogue sets)."""
+        return grid.tiles.smem_bytes(grid.tiles.bn // grid.stage.fold, grid.stage.n_out)
+
+    def partial_floats(self, grid: "StageGrid") -> int:
+        """Workspace floats of one split's partial sums of one tile (split-K): the whole tile."""
+        return grid.tiles.bm * grid.tiles.bn
+
+    def b_operand(self, stage: GemmStage) -> tuple[tuple[int, int], float]:
+        """The weights' shape ``[N, K]``, and the scale of random test weights (outputs stay near 1)."""
+        return (stage.n, stage.k), 1.0 / stage.k ** 0.5
+
+    def block_work(self, grid: "StageGrid") -> tuple[int, int, int]:
+        """For the cost model: bytes one block reads (A and B slabs of its split), FLOPs it computes, and
+        the bytes of one ring slot of the operand it streams (a weight slab)."""
+        t = grid.tiles
+        k_elems = grid.ks * t.bk
+        return (min(t.bm, grid.stage.m) + t.bn) * k_elems * 2, 2 * t.bm * t.bn * k_elems, t.bn * t.bk * 2
+
+    def reference(self, xp, a, w, stage: GemmStage):
+        """float32 ``a @ w.T`` before the epilogue, for arrays of module ``xp`` (numpy or cupy)."""
+        return a @ w.T
+
+    def cupy_stage(self, cp, a, w, stage: GemmStage):
+        """The stage before its epilogue as a CuPy user writes it (cuBLAS)."""
+        return a @ w.T
+
+    def torch_stage(self, F, h, w, stage: GemmStage):
+        """The stage before its epilogue in PyTorch."""
+        return F.linear(h, w)
+
+    def check_shapes(self, producer: "StageGrid", consumer: "StageGrid") -> str | None:
+        """Why the consumer cannot read the producer's output as its A operand, or None."""
+        p, c = producer.stage, consumer.stage
+        if c.m != p.m or c.k != p.n_out:
+            return (f"{c.name} reads {p.name}'s {p.m}x{p.n_out} output as its {c.m}x{c.k} A operand: "
+                    f"the identity index map needs equal shapes")
+        return None
+
+    def reads(self, producer: "StageGrid", consumer: "StageGrid") -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """The true dependencies, from the index map: per consumer tile row ``m2``, arrays
+        ``(s, m1, n1, kc)``: split ``s`` of that row first reads producer tile ``(m1, n1)`` at chunk ``kc``."""
+        first = first_read(producer, consumer)  # rows and columns are independent under the identity map
+        s_idx, n1_idx = np.nonzero(first != NEVER)
+        kcs = first[s_idx, n1_idx]
+        bm1, bm2, rows = producer.tiles.bm, consumer.tiles.bm, consumer.stage.m
+        out = []
+        for m2 in range(consumer.mt):
+            lo, hi = m2 * bm2 // bm1, (min(m2 * bm2 + bm2, rows) - 1) // bm1
+            m1 = np.repeat(np.arange(lo, hi + 1, dtype=np.int64), s_idx.size)
+            k = hi - lo + 1
+            out.append((np.tile(s_idx, k), m1, np.tile(n1_idx, k), np.tile(kcs, k)))
+        return out
+
+    def chunk_columns(self, consumer: "StageGrid", kc: int) -> str:
+        """Which A columns chunk ``kc`` loads, for messages."""
+        return f"columns {kc * consumer.tiles.bk}..{min((kc + 1) * consumer.tiles.bk, consumer.stage.k) - 1}"

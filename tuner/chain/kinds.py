@@ -1,30 +1,27 @@
-"""Stage kinds: each one module holding everything that differs between kinds of stage.
+"""The registry of stage kinds: every kind, by name, and the kind of a stage.
 
-A kind module defines its stage (shape, validation, FLOPs and bytes), its **index map** (which
-producer elements a consumer tile's K chunk reads: once as formulas per region, ``REGIONS``,
-for the sync policies and the kernels, once as arrays, ``reads``, for the model checker;
-``PER_COLUMN`` where they depend on the tile's column), its tile in the kernel template
-(``TILE_TEMPLATE``, ``HEADER``, ``a_arg``, ``smem_bytes``, ``partial_floats``), its second
-operand (``b_operand``: weights, or an attention's KV cache), its cost-model work
-(``block_work``), its float32 reference and its CuPy and PyTorch baselines, whether fewer
-rows run padded (``PADS_ROWS``), and whether its tiling problem judges its warps' tile itself
-(``OWN_WARP_TILE``) instead of the shared split of ``BM x BN`` among warps. Everything else
-finds a stage's kind through :func:`kind_of`.
+A kind is one module (:mod:`.gemm`, :mod:`.conv`, :mod:`.attention`) holding its stage class and
+its :class:`~tuner.chain.kind.StageKind`; a new kind is its own module and one entry here.
 """
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any, Union
 
-from . import attention, conv, gemm
-from .kind import WorkloadError
+from .attention import AttentionKind, AttentionStage
+from .conv import ConvKind, ConvStage
+from .gemm import GemmKind, GemmStage
+from .kind import StageKind, WorkloadError
 
-KINDS: dict[str, ModuleType] = {"gemm": gemm, "conv": conv, "attention": attention}
-Stage = Union[gemm.GemmStage, conv.ConvStage, attention.AttentionStage]  # every kind's stage class
+KINDS: dict[str, StageKind] = {k.name: k for k in (GemmKind(), ConvKind(), AttentionKind())}
+Stage = Union[GemmStage, ConvStage, AttentionStage]  # every built-in kind's stage class
 
-__all__ = ["KINDS", "Stage", "WorkloadError", "kind_of"]
+__all__ = ["KINDS", "Stage", "StageKind", "WorkloadError", "kind_of"]
 
 
-def kind_of(stage: Any) -> ModuleType:
-    """The module of a stage's kind."""
-    return KINDS[stage.kind]
+def kind_of(stage: Any) -> StageKind:
+    """The kind of a stage."""
+    try:
+        return KINDS[stage.kind]
+    except KeyError:
+        raise WorkloadError(f"stage {stage.name}: unknown stage kind {stage.kind!r}; "
+                            f"accepted: {', '.join(KINDS)}") from None

@@ -36,25 +36,25 @@ def tiles_for(chain: Chain, split: tuple[int, int] = (1, 1), mma: str = "sync", 
     m = chain.stages[0].m
     n = len(chain.stages)
     splits = (split[0], *([split[1]] * (n - 1)))
-    gemms = [st for st in chain.stages if st.kind != "attention"]
+    gemms = [st for st in chain.stages if not kind_of(st).OWN_WARP_TILE]
     bn = 64 if min(st.n for st in gemms) <= 64 else 128  # no wider than the narrowest stage needs
     if mma == "wgmma_tma_t":  # rows are the instruction's N: as few as M needs, in 8s, up to 64
         out = [StageTiles(min(64, whole_groups(m)), bn, 64, 1, bn // 64, 4, s, mma) for s in splits]
     elif mma != "sync":
         wm = 1 if m <= 64 else 2
         out = [StageTiles(64 * wm, bn, 64, wm, 1, 4, s, mma) for s in splits]
-    elif m <= 16 and not any(st.kind == "conv" for st in chain.stages):
+    elif m <= 16 and all(kind_of(st).MIN_CASE_ROWS <= 16 for st in chain.stages):
         out = [StageTiles(16, bn, 64, 1, 4, 4, s) for s in splits]
     elif m <= 64:
         out = [StageTiles(64, bn, 32, 2, 2, 4, s) for s in splits]
     else:
         out = [StageTiles(128, bn, 32, 2, 2, 4, splits[0]), *(StageTiles(64, bn, 32, 2, 2, 4, s) for s in splits[1:])]
-    for i, st in enumerate(chain.stages):
-        if st.kind == "attention":
-            p = max(h for h in (1, 2, 4, 8) if st.group % h == 0) if pack else 1
-            wm = 1 if m <= 64 else 4
-            out[i] = StageTiles(16 * wm // p, st.head_dim * p, 64, wm, 1, 2, splits[i])
-    return tuple(out)
+    return tuple(kind_of(st).case_tiles(st, t, pack) for st, t in zip(chain.stages, out))
+
+
+def _tma_fed(chain: Chain) -> bool:
+    """Whether every stage reads a stored A operand, which the TMA-fed tiles of the cases below need."""
+    return all(kind_of(st).STORED_A for st in chain.stages)
 
 
 def coverage(chain: Chain, mma: str = "sync") -> list[Config]:
@@ -69,7 +69,7 @@ def coverage(chain: Chain, mma: str = "sync") -> list[Config]:
         tiles = tiles_for(chain, split, mma, pack=i % 2 == 1)
         if l == "fused":  # one thread count for every stage: an attention tile's warps split its keys
             warps = max(t.warps for t in tiles)
-            tiles = tuple(replace(t, wn=warps // t.wm) if st.kind == "attention" else t
+            tiles = tuple(replace(t, wn=warps // t.wm) if kind_of(st).OWN_WARP_TILE else t
                           for st, t in zip(chain.stages, tiles))
             # A TMA stage's producer warp makes an odd count, which no attention tile splits.
             if len({t.threads for t in tiles}) > 1 or any(
@@ -101,7 +101,7 @@ def reallocated(chain: Chain) -> list[Config]:
     every other combination a transposed 256-row tile for the last stage where M has 256 rows,
     under every combination but the fused launch, alternating split-K and, where the tile grid
     divides, a 2x1 cluster. Empty for chains of other stage kinds or too small for such tiles."""
-    if any(st.kind != "gemm" for st in chain.stages) or chain.stages[0].m < 65 or min(
+    if not _tma_fed(chain) or chain.stages[0].m < 65 or min(
             st.n for st in chain.stages) < 129:
         return []
     out = []
@@ -131,7 +131,7 @@ def three_warpgroups(chain: Chain, sms: int = DeviceInfo.sms) -> list[Config]:
     ``sms``. Empty for chains of other stage kinds or too small for such tiles."""
     from .constraints import chain_problem  # noqa: PLC0415 - the constraints import this module's users
 
-    if any(st.kind != "gemm" for st in chain.stages) or chain.stages[0].m < 185 or min(
+    if not _tma_fed(chain) or chain.stages[0].m < 185 or min(
             st.n for st in chain.stages) < 193:
         return []
     dev = DeviceInfo("cases", sms=sms)
@@ -174,7 +174,7 @@ def persistent(chain: Chain, sms: int) -> list[Config]:
     tile that moves registers where the chain is wide enough; each also with its partial last
     wave split along K where the space allows it. A stage with no more tiles than
     ``sms`` keeps one tile per block. Empty for chains of other stage kinds."""
-    if any(st.kind != "gemm" for st in chain.stages):
+    if not _tma_fed(chain):
         return []
     dev = DeviceInfo("cases", sms=sms)
     out = []

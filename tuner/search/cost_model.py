@@ -11,7 +11,7 @@ import math
 from functools import lru_cache
 from pathlib import Path
 
-from ..chain.kinds import attention, conv, kind_of
+from ..chain.kinds import kind_of
 from ..chain.tiling import WG_OVERHEAD_REGS, StageGrid, StageTiles, even_share
 from ..device import DeviceInfo
 
@@ -73,10 +73,10 @@ def features(g: StageGrid, device: DeviceInfo, estimate: float | None = None) ->
     t, kind = g.tiles, kind_of(g.stage)
     occ = max(1, blocks_per_sm(t, kind.smem_bytes(g)))
     waves = g.blocks / (device.sms * occ)
-    attn = float(kind is attention)
+    attn = float(kind.name == "attention")
     # An attention tile's BN is its packed heads: its own feature (weight 0 until a fit has seen
     # one), not the GEMMs' width, whose fitted weight would rank by the pack.
-    heads = attention.heads_per_tile(g) if attn else 1
+    heads = kind.heads_per_tile(g)
     return {
         "log_estimate": math.log(stage_seconds(g, device) if estimate is None else estimate), "log_blocks": math.log(g.blocks),
         "log_waves": math.log(waves), "wave_tail": math.ceil(waves) - waves, "log_split_k": math.log(t.split_k),
@@ -86,7 +86,7 @@ def features(g: StageGrid, device: DeviceInfo, estimate: float | None = None) ->
         # for what the transposition changes (weight 0 until a fit has seen one).
         "clustered": float(t.cluster > 1), **{f"mma_{m}": float(t.mma == m) for m in ("sync", "wgmma")},
         "mma_wgmma_tma": float(t.tma), "transposed": float(t.transposed),
-        "conv": float(kind is conv), "attention": attn,
+        "conv": float(kind.name == "conv"), "attention": attn,
         "attention_log_wn": attn * math.log(t.wn), "attention_log_chunks_per_split": attn * math.log(g.ks),
         "attention_log_heads": math.log(heads),
     }

@@ -18,7 +18,7 @@ from ..backends.base import FAIL_REASONS
 from ..chain.workloads import WorkloadError, get_workload
 from ..config import GLOBAL_DEFAULTS, GLOBAL_FIELDS, TILE_CHOICES, TILE_DEFAULTS, TILE_FIELDS, ConfigError
 from ..storage.database import open_optuna_storage
-from ..storage.trials import final_heat, summarize, trial_config
+from ..storage.trials import final_heat, stored_trials, study_summaries, summarize, trial_config
 
 SCHEMA_VERSION = 1
 FORMATS = ("json", "header", "recording")
@@ -26,12 +26,11 @@ FORMATS = ("json", "header", "recording")
 
 def collect(storage: str, workload: str) -> list[dict[str, Any]]:
     """One result per stored study of ``workload``: best config, baseline, speedup, trial and failure counts."""
-    import optuna  # noqa: PLC0415 - slow import
 
     wl = get_workload(workload)
     rdb = open_optuna_storage(storage, read_only=True)
     rows = []
-    summaries = optuna.get_all_study_summaries(rdb, include_best_trial=False)
+    summaries = study_summaries(rdb)
     alone: dict[tuple[str, str], int] = {}  # (chain label, device) -> trials of its stages timed alone
     for s in summaries:
         if "stage" in s.user_attrs:
@@ -41,7 +40,7 @@ def collect(storage: str, workload: str) -> list[dict[str, Any]]:
         attrs = s.user_attrs
         if attrs.get("workload") != wl.name or "stage" in attrs:  # a stage timed alone is not a result
             continue
-        trials = optuna.load_study(study_name=s.study_name, storage=rdb).get_trials(deepcopy=False)
+        trials = stored_trials(rdb, s.study_name)
         summ = summarize(trials)
         best = summ.best
         chain = _study_chain(attrs, s.study_name)
@@ -201,7 +200,6 @@ def to_header(doc: dict[str, Any]) -> str:
 def recording(storage: str, workload: str, command: str) -> str:
     """Every measured (not replayed) outcome of ``workload``'s studies, stages timed alone included,
     as the text of a recording (see :func:`tuner.backends.replay.write_recording`)."""
-    import optuna  # noqa: PLC0415
 
     from ..backends.replay import recording_text  # noqa: PLC0415
     from ..device import DeviceInfo  # noqa: PLC0415
@@ -212,7 +210,7 @@ def recording(storage: str, workload: str, command: str) -> str:
     devices: dict[str, DeviceInfo] = {}
     labels: set[str] = set()
     replayed = 0
-    for s in optuna.get_all_study_summaries(rdb, include_best_trial=False):
+    for s in study_summaries(rdb):
         attrs = s.user_attrs
         if attrs.get("workload") != wl.name:
             continue
@@ -221,7 +219,7 @@ def recording(storage: str, workload: str, command: str) -> str:
             continue
         chain = _study_chain(attrs, s.study_name)
         labels |= {chain.label, *(chain.alone(j).label for j in range(len(chain.stages)))}
-        for t in optuna.load_study(study_name=s.study_name, storage=rdb).get_trials(deepcopy=False):
+        for t in stored_trials(rdb, s.study_name):
             if isinstance(t.user_attrs.get("device"), dict):
                 d = DeviceInfo.from_dict(t.user_attrs["device"], f"study {s.study_name!r}, trial {t.number}: device")
                 devices.setdefault(d.name, d)

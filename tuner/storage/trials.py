@@ -32,6 +32,20 @@ class StudyError(UsageError):
 GRAPHS_SUFFIX = "/graphs"  # the studies timed as CUDA graph replays, apart from those timed as launches
 
 
+
+def study_summaries(rdb: Any) -> list[Any]:
+    """Every study the storage holds, without loading their trials."""
+    import optuna  # noqa: PLC0415
+
+    return optuna.get_all_study_summaries(rdb, include_best_trial=False)
+
+
+def stored_trials(rdb: Any, name: str, states: tuple[Any, ...] | None = None) -> list[Any]:
+    """The trials of study ``name`` (of ``states`` only, if given), not copied: read, never change them."""
+    import optuna  # noqa: PLC0415
+
+    return optuna.load_study(study_name=name, storage=rdb).get_trials(deepcopy=False, states=states)
+
 def study_name(chain: Chain, device: DeviceInfo | str, graphs: bool = False) -> str:
     """The Optuna study name: chain label and device, e.g. ``gpt3/tokens=64,hidden=12288,ffn=6144/NVIDIA H200``,
     and ``/graphs`` after it for a study timed as CUDA graph replays (their times are not comparable)."""
@@ -275,7 +289,6 @@ def transfer_candidates(rdb: Any, chain: Chain, device: DeviceInfo, per_study: i
     token counts (log distance); stage tilings from the stage studies of the same stage shape
     (N, K, epilogue) at the nearest M, which includes the same stage measured in another chain.
     """
-    import optuna  # noqa: PLC0415
     from optuna.trial import TrialState  # noqa: PLC0415
 
     size = chain.size_dict
@@ -284,7 +297,7 @@ def transfer_candidates(rdb: Any, chain: Chain, device: DeviceInfo, per_study: i
     chain_near: list[tuple[float, str, tuple[int, ...]]] = []
     stage_near: list[list[tuple[float, str, int]]] = [[] for _ in chain.stages]
     shapes = [(st.n, st.k, st.epilogue) for st in chain.stages]
-    for s in optuna.get_all_study_summaries(rdb, include_best_trial=False):
+    for s in study_summaries(rdb):
         a = s.user_attrs
         if (a.get("device") != device.name or a.get("label") == chain.label or a.get("replayed")
                 or bool(a.get("graphs")) != graphs):
@@ -301,8 +314,7 @@ def transfer_candidates(rdb: Any, chain: Chain, device: DeviceInfo, per_study: i
             chain_near.append((abs(math.log(other[sweep] / size[sweep])), s.study_name, rows))
 
     def best_of(name: str, n_stages: int) -> list[Config]:
-        trials = optuna.load_study(study_name=name, storage=rdb).get_trials(deepcopy=False,
-                                                                           states=(TrialState.COMPLETE,))
+        trials = stored_trials(rdb, name, (TrialState.COMPLETE,))
         trials = sorted((t for t in trials if t.user_attrs.get("measured")), key=lambda t: t.value)
         out = [c for t in trials[:per_study] if (c := trial_config(t, n_stages, name)) is not None]
         return out
