@@ -280,8 +280,7 @@ def test_the_cpp_example_runs_a_bundle_entry_and_checks_it(backend, tmp_path, ki
     import shutil
     import subprocess
 
-    from tuner.paths import home
-    from tuner.shipping.bundle import CPP_FILES, write_entry
+    from tuner.shipping.bundle import CPP_DIR, CPP_FILES, write_entry
 
     nvcc = shutil.which("nvcc")
     if nvcc is None:
@@ -294,7 +293,7 @@ def test_the_cpp_example_runs_a_bundle_entry_and_checks_it(backend, tmp_path, ki
     else:
         cfg = next(c for c in coverage(chain, "wgmma_tma") if c.policy == "tile" and c.launch == "fused")
     entry = write_entry(tmp_path / "entry", chain, cfg, device)
-    cpp = home() / "tuner" / "cpp"
+    cpp = CPP_DIR
     exe = tmp_path / "example"
     build = subprocess.run([nvcc, "-O2", "-std=c++17", *(str(cpp / f) for f in CPP_FILES if f.endswith(".cpp")),
                             "-lcuda", "-o", str(exe)], capture_output=True, text=True)

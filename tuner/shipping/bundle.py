@@ -34,6 +34,8 @@ ARGS = "x, w0, y0, w1, y1, ..., ws, state, epoch, tmaps"
 CPP_FILES = ("tuner_chain.h", "tuner_chain.cpp", "example.cpp")
 
 
+CPP_DIR = Path(__file__).parent / "cpp"  # the C++ launcher and its example, which a bundle carries
+
 def _slug(text: str) -> str:
     """A folder name for ``text``: letters, digits and ``_.=-``, never one that starts with a dot
     (``..`` would leave the bundle)."""
@@ -123,7 +125,7 @@ def write_bundle(storage: str, workload: str, out: str | Path) -> Path:
     cpp = out / "cpp"  # the C++ launcher and its example, beside the entries they run
     cpp.mkdir(exist_ok=True)
     for name in CPP_FILES:
-        (cpp / name).write_text((Path(__file__).parent / "cpp" / name).read_text())
+        (cpp / name).write_text((CPP_DIR / name).read_text())
     index = out / "index.json"
     index.write_text(json.dumps({"schema": BUNDLE_SCHEMA, "workload": wl.name, "sweep": wl.sweep_param,
                                  "entries": entries, "left_out": left}, indent=1, sort_keys=True) + "\n")
