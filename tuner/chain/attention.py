@@ -178,7 +178,7 @@ class AttentionKind(StageKind):
 
     name = "attention"
     stage_class = AttentionStage
-    HEADER = "attention.cuh"
+    HEADER = "attention_tile.cuh"
     TILE_TEMPLATE = "tile_attention.j2"  # the tile's type and body in the kernel template
     REGIONS = (QUERIES, KEYS_VALUES)
     PER_COLUMN = True  # a tile's reads depend on its heads

@@ -71,9 +71,7 @@ def fitted_heights(m: int, parts: Iterable[int], listed: Iterable[int] = ()) -> 
     ``listed`` height matches: as few tiles or fewer, and no more rows computed. 200 tokens make
     one tile of 200 or two of 104, where the listed 8-256 and 160 pad one of 256 or cut 128 + 72;
     600 make three of 200 or four of 152, where 256 computes 768 rows and 160 four tiles of 640.
-    Measured on an H100 (results page): Llama-2-13B's gate/up GEMM at 200 tokens 139.3 µs with
-    the search's 128x256 pick, 113.1 with 200x128; Llama-2-7B's at 600, 157.5 with 200x128 against
-    195.1 for the fastest listed height."""
+    What fitted heights gained: studies/notes/design-figures.md."""
     listed = tuple(listed)
     out: list[int] = []
     for j in parts:

@@ -5,7 +5,7 @@
 Markdown: a short table for the README (one row per workload and GPU, the range of ratios over
 its sizes) and a full one per workload for the results page (every size, its times, ratios,
 run and command). The blocks between ``<!-- results:NAME begin -->`` and ``<!-- results:NAME end -->``
-in those files are generated; ``python -m tuner.shipping.results --check`` says whether they agree with
+in those files are generated; ``python -m tuner.shipping.results`` (no option) says whether they agree with
 the index (a test runs it), ``--write`` rewrites them. Every figure is a GPU measurement: the
 bench timed our chains and PyTorch's in one process.
 """

@@ -9,10 +9,10 @@ memory would otherwise idle between stages (decode, whose stages are short and l
 and only where the prefetched bytes stay in L2 until read, hence the hard constraint
 :func:`prefetch_allowed`.
 
-One stage ahead, not everything from the first stage: measured on the H200 (LLaMA attention,
-1 token on a 1024-token cache), the first stage's TMA-fed blocks prefetching the output
-projection's 16 MiB as well made the chain 3 µs slower (31.3 against 34.5 µs), where the
-attention stage, which reads little and waits much, has the time to spare.
+One stage ahead, not everything from the first stage: prefetching a later stage's inputs from
+the first stage as well competed with the first stage's own reads and made a decode chain slower
+(studies/notes/design-figures.md), while the stage just before, which often reads little and
+waits much, has the time to spare.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from ..feasible import FeasibleSet
 
 # A stage timed alone runs in column order: the same as row order when the stage is one wave,
 # and the faster one when it is several (a wave then covers every M row of a few N columns and
-# reads each weight slab once; measured at 2048 tokens, stage alone: 492 -> 446 µs).
+# reads each weight slab once; the figures: studies/notes/design-figures.md).
 STAGE_ALONE = ("stream", "col", "block", "serial", "none")
 
 

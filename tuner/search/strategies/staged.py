@@ -91,10 +91,8 @@ def _plain(t: StageTiles) -> bool:
 def ring_variants(t: StageTiles) -> list[StageTiles]:
     """The rings timed beside one of a stage's fastest probed tilings: one slot shorter and one
     longer, and the same bytes in flight in chunks half and twice as deep. The probe's variants
-    of a shape differ in depth or chunk, rarely in both: Llama-2-13B's down projection at 200
-    tokens (72x128 transposed tiles) took 63.0 µs with a ring of four 128-deep chunks, 59.1 with
-    eight of 64 (one run on an H100, results page), which neither field alone reaches (five
-    chunks of 128 do not fit, four of 64 hold half as much)."""
+    of a shape differ in depth or chunk, rarely in both, and the fastest ring can need both
+    (studies/notes/design-figures.md)."""
     return [replace(t, stages=t.stages - 1), replace(t, stages=t.stages + 1),
             replace(t, bk=t.bk // 2, stages=t.stages * 2), replace(t, bk=t.bk * 2, stages=t.stages // 2)]
 
@@ -102,8 +100,8 @@ def ring_variants(t: StageTiles) -> list[StageTiles]:
 def preferred_order(policy: str) -> str:
     """The tile order a chain is paired in first under ``policy``. Where kernel boundaries order
     the stages (the stream policy), the stage pass's own (:data:`STAGE_ALONE`: column order, in
-    which a wave of several M rows reads each weight slab once; at llama 600 tokens the same
-    tilings took 296 µs in row order and 235 in column order, on an H100). Under a sync policy,
+    which a wave of several M rows reads each weight slab once; studies/notes/design-figures.md
+    has the figures). Under a sync policy,
     row order: a producer completes its rows, what consumers wait for, one after another."""
     return STAGE_ALONE[1] if policy == "stream" else "row"
 
