@@ -27,7 +27,6 @@ class ScaledKind(GemmKind):
     """The toy kind: the GEMM's tile, index map and references, and a constant of its own."""
 
     name = "scaled"
-    stage_class = ScaledStage
 
     def template_constants(self, stage: ScaledStage) -> dict[str, object]:
         return {"scale": 1}

@@ -36,15 +36,13 @@ def timed_configs(storage: str, chain: Chain, device, stage: int | None = None, 
     """Every measured, successful config of the chain's study (of stage ``stage`` timed alone,
     where given; ``graphs``: the study timed as CUDA graph replays), with its time; KeyError where
     the storage has no such study."""
-    import optuna  # noqa: PLC0415
     from optuna.trial import TrialState  # noqa: PLC0415
 
-    from ..storage.trials import stage_study_name, trial_config  # noqa: PLC0415
+    from ..storage.trials import stage_study_name, stored_trials, trial_config  # noqa: PLC0415
 
     name = study_name(chain, device, graphs) if stage is None else stage_study_name(chain, stage, device, graphs)
     n = len(chain.stages) if stage is None else 1
-    study = optuna.load_study(study_name=name, storage=storage)
-    return [(t.value, c) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return [(t.value, c) for t in stored_trials(storage, name, (TrialState.COMPLETE,))
             if t.user_attrs.get("measured") and (c := trial_config(t, n, name)) is not None]
 
 

@@ -177,7 +177,6 @@ class AttentionKind(StageKind):
     """Causal multi-head attention over a KV cache."""
 
     name = "attention"
-    stage_class = AttentionStage
     HEADER = "attention_tile.cuh"
     TILE_TEMPLATE = "tile_attention.j2"  # the tile's type and body in the kernel template
     REGIONS = (QUERIES, KEYS_VALUES)

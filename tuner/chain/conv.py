@@ -102,12 +102,8 @@ class ConvKind(GemmKind):
     tilings, its reference and its baselines are its own."""
 
     name = "conv"
-    stage_class = ConvStage
     HEADER = "conv.cuh"  # the A operand's view, pasted into sources that hold a convolution
-    TILE_TEMPLATE = "tile_gemm.j2"  # an implicit GEMM: the GEMM's tile
-    REGIONS = (INDEX_MAP,)
-    PER_COLUMN = False  # a tile's reads do not depend on its column
-    OWN_WARP_TILE = False  # a warp's tile is its share of BM x BN (space.warp_tile, space.accumulators)
+    REGIONS = (INDEX_MAP,)  # the GEMM's tile (TILE_TEMPLATE) and warp split, reading gathered rows
     PADS_ROWS = False  # rows are pixels of images of one size, which the input's shape alone does not tell
     STORED_A = False  # A is gathered from the image (im2col), never stored
     MIN_CASE_ROWS = 64  # the cases' 16-row tiles are the GEMMs' for a few tokens; pixels come in images

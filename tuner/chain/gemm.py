@@ -87,7 +87,6 @@ class GemmKind(StageKind):
     """The GEMM stage kind: ``C[M,N] = epilogue(A[M,K] @ B[N,K]^T)``."""
 
     name = "gemm"
-    stage_class = GemmStage
     HEADER = None  # the kind's own kernel header, beside the shared ones (none: RowMajor is shared)
     TILE_TEMPLATE = "tile_gemm.j2"  # the tile's type and body in the kernel template
     REGIONS = (INDEX_MAP,)

@@ -82,7 +82,6 @@ class StageKind:
     """
 
     name: ClassVar[str]
-    stage_class: ClassVar[type]
     HEADER: ClassVar[str | None] = None  # the kind's own kernel header, beside the shared ones
     TILE_TEMPLATE: ClassVar[str]
     REGIONS: ClassVar[tuple[dict[str, "Expr"], ...]]

@@ -341,17 +341,15 @@ def measured_history(storage: Any, chain: Chain, device: DeviceInfo | str, graph
                      ) -> list[float | None]:
     """Every measured trial of ``chain``'s studies (its stages' alone included) in the order written:
     the whole-chain time, or None for a stage timed alone or a failure."""
-    import optuna  # noqa: PLC0415
-
     names = [study_name(chain, device, graphs)] + [stage_study_name(chain, j, device, graphs)
                                                    for j in range(len(chain.stages))]
     rows = []
     for name in names:
         try:
-            study = optuna.load_study(study_name=name, storage=storage)
+            trials = stored_trials(storage, name)
         except KeyError:
             continue
-        rows += [(t.datetime_complete, t.value if name == names[0] else None) for t in study.trials
+        rows += [(t.datetime_complete, t.value if name == names[0] else None) for t in trials
                  if t.user_attrs.get("measured")]
     return [v for _, v in sorted(rows, key=lambda r: r[0])]
 
