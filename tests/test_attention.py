@@ -182,7 +182,7 @@ def test_a_tile_of_packed_heads_waits_for_their_queries_and_their_group_s_keys_a
 def test_the_space_packs_only_heads_that_share_a_kv_head():
     chain = get_workload("llama-attn").chain(tokens=1)
     fs = load_space(home() / "search_spaces" / "llama-attn.toml").feasible(chain, H200)
-    assert fs.domains()["gemm2.bn"] == [128, 256, 512, 1024]  # 1, 2, 4, 8 of its 8 heads
+    assert fs.domains()["attn.bn"] == [128, 256, 512, 1024]  # 1, 2, 4, 8 of its 8 heads
     assert all(g.tiles.bm * g.tiles.bn // 128 == 16 * g.tiles.wm for g in fs.tilings[1])
     g3 = get_workload("llama-attn").chain(tokens=1, heads=6, kv_heads=2)  # 3 heads a group: none packs 2, 4 or 8
     assert {g.tiles.bn for g in load_space(home() / "search_spaces" / "llama-attn.toml").feasible(g3, H200).tilings[1]} == {128}
@@ -192,7 +192,7 @@ def test_the_space_keeps_one_head_per_tile_and_mma_sync():
     chain = get_workload("gpt3-attn").chain(tokens=16, cache=2048)
     fs = load_space(home() / "search_spaces" / "gpt3-attn.toml").feasible(chain, H200)
     d = fs.domains()
-    assert d["gemm2.bn"] == [128] and d["gemm2.mma"] == ["sync"] and d["gemm2.wn"] == [1, 2, 4]
+    assert d["attn.bn"] == [128] and d["attn.mma"] == ["sync"] and d["attn.wn"] == [1, 2, 4]
     assert all(g.tiles.bm == 16 * g.tiles.wm and g.tiles.bk % (16 * g.tiles.wn) == 0 for g in fs.tilings[1])
     assert {g.tiles.split_k for g in fs.tilings[1]} >= {1, 2, 4, 8}
 

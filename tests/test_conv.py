@@ -116,8 +116,8 @@ def test_a_policy_that_ignores_the_halo_is_refused_naming_the_tile(policy):
 def test_the_tma_copies_and_split_taps_are_outside_the_space():
     chain = get_workload("resnet38").chain(**ODD)
     fs = load_space(home() / "search_spaces" / "resnet38.toml").feasible(chain, H200)
-    assert "wgmma_tma" not in fs.domains()["gemm1.mma"]
-    assert 64 not in fs.domains()["gemm1.bk"]  # 96 channels: a 64-deep chunk would hold two taps
+    assert "wgmma_tma" not in fs.domains()["conv1.mma"]
+    assert 64 not in fs.domains()["conv1.bk"]  # 96 channels: a 64-deep chunk would hold two taps
 
 
 @pytest.mark.parametrize("mma", ["sync", "wgmma"])

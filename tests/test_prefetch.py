@@ -61,7 +61,7 @@ def test_a_config_recorded_before_the_prefetch_existed_reads_as_none_and_keeps_i
     assert cfg.to_dict() == old  # the storage key of an unprefetched config is what it was
     on = replace(cfg, prefetch="l2")
     assert on.to_dict()["prefetch"] == "l2" and Config.from_dict(on.to_dict()) == on
-    assert Config.from_params(on.params(), 3) == on and "+l2" in on.short()
+    assert Config.from_params(on.params(DECODE.stage_names), DECODE.stage_names) == on and "+l2" in on.short()
 
 
 def test_a_space_searches_the_prefetch_only_where_its_file_names_it():

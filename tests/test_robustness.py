@@ -244,11 +244,11 @@ def test_a_trial_an_older_version_left_running_is_not_counted_and_its_config_mea
     study = optuna.load_study(study_name=study_name(CHAIN, DEVICE), storage=url)
     seen = {json.dumps(t.params, sort_keys=True) for t in study.get_trials()}
     fs = SPACE.feasible(CHAIN, DEVICE)
-    pending = next(c for c in fs.grid(7) if json.dumps(c.params(), sort_keys=True) not in seen
+    pending = next(c for c in fs.grid(7) if json.dumps(c.params(CHAIN.stage_names), sort_keys=True) not in seen
                    and check(CHAIN, c) is None)
     # What a process of an older version, killed mid-trial, left: asked, params stored, part of its
     # outcome stored, never told. (This version writes a trial only once its outcome is known.)
-    study.enqueue_trial(pending.params())
+    study.enqueue_trial(pending.params(CHAIN.stage_names))
     cut = study.ask()
     for param, choices in fs.domains().items():
         cut.suggest_categorical(param, choices)

@@ -307,12 +307,12 @@ def test_domains_cover_every_feasible_value(tiny):
     fs, brute = tiny
     domains = fs.domains()
     for cfg in brute:
-        for k, v in cfg.params().items():
+        for k, v in cfg.params(fs.stage_names).items():
             assert v in domains[k]
 
 
 def _distance(a: Config, b: Config) -> int:
-    pa, pb = a.params(), b.params()
+    pa, pb = a.params(("s1", "s2")), b.params(("s1", "s2"))
     return sum(pa[k] != pb[k] for k in pa)
 
 

@@ -98,7 +98,7 @@ def test_no_strategy_stores_a_refused_config_and_the_backend_sees_only_accepted_
     trials = trials_of(storage)
     assert all(t.user_attrs["measured"] for t in trials)  # nothing refused, nothing failed on purpose, stored
     fs = SMALL.feasible(CHAIN, DEVICE)
-    assert all(fs.contains(Config.from_params(t.params, 2)) is None for t in trials)
+    assert all(fs.contains(Config.from_params(t.params, CHAIN.stage_names)) is None for t in trials)
 
 
 def test_tpe_replaces_a_refused_suggestion_by_a_close_usable_config(storage):
@@ -147,7 +147,7 @@ def test_trial_records_what_was_measured(storage):
     for key in ("config", "source_hash", "compile_s", "resources", "error", "times_us", "device", "tuner_version",
                 "backend", "replayed", "cached"):
         assert key in t.user_attrs, key
-    assert Config.from_dict(t.user_attrs["config"]) == Config.from_params(t.params, 2)
+    assert Config.from_dict(t.user_attrs["config"]) == Config.from_params(t.params, CHAIN.stage_names)
     assert t.user_attrs["device"]["name"] == "fake GPU" and t.user_attrs["replayed"] is False
 
 
@@ -165,13 +165,13 @@ def test_resume_after_interrupt_loses_and_repeats_nothing(storage):
     first = FakeBackend(interrupt_at=4)
     out = run_study(CHAIN, SMALL, first, storage, strategy="random", seed=2, trials=8, check=no_col_order)
     assert out.interrupted and out.summary.measured == 3
-    done_before = {Config.from_params(t.params, 2) for t in trials_of(storage) if t.state == TrialState.COMPLETE}
+    done_before = {Config.from_params(t.params, CHAIN.stage_names) for t in trials_of(storage) if t.state == TrialState.COMPLETE}
     assert len(done_before) == 3
     second = FakeBackend()
     out = run_study(CHAIN, SMALL, second, storage, strategy="random", seed=2, trials=8, check=no_col_order)
     assert out.summary.measured == 8
     assert second.calls[0] == first.calls[3]  # the trial cut short is measured first on resume
-    complete = [Config.from_params(t.params, 2) for t in trials_of(storage) if t.state == TrialState.COMPLETE]
+    complete = [Config.from_params(t.params, CHAIN.stage_names) for t in trials_of(storage) if t.state == TrialState.COMPLETE]
     assert len(complete) == len(set(complete)) == 8
     assert done_before <= set(complete)
     assert not set(first.calls[:3]) & set(second.calls)
@@ -275,7 +275,7 @@ def test_timeout_stops_the_study(storage):
 
 
 def test_empty_feasible_set_is_a_study_error(tmp_path):
-    bad = Config.from_params({**SMALL.feasible(CHAIN, DEVICE).baselines()[0].params(), "gemm1.bm": 48}, 2)
+    bad = Config.from_params({**SMALL.feasible(CHAIN, DEVICE).baselines()[0].params(CHAIN.stage_names), "gemm1.bm": 48}, CHAIN.stage_names)
     rec = tmp_path / "bad.measurements.json"
     write_recording(rec, DEVICE, [Record(CHAIN.label, bad, Measurement(ok=True, median_us=1.0))], "test")
     with pytest.raises(StudyError, match="no feasible config.*recorded"):
@@ -361,15 +361,16 @@ def test_a_new_size_starts_from_the_best_configs_of_the_nearest_sizes_and_stage_
     run_study(CHAIN, SMALL, FakeBackend(), storage, strategy="staged", trials=60, check=no_col_order, final=False)
     rdb = open_optuna_storage(storage)
 
-    def fastest(name, n_stages, k=3):
+    def fastest(name, names, k=3):
         done = [t for t in optuna.load_study(study_name=name, storage=rdb).get_trials()
                 if t.state == TrialState.COMPLETE and t.user_attrs.get("measured")]
-        return [trial_config(t, n_stages) for t in sorted(done, key=lambda t: t.value)[:k]]
+        return [trial_config(t, names) for t in sorted(done, key=lambda t: t.value)[:k]]
 
     near = get_workload("gpt3").chain(tokens=128)
     chains, stages = transfer_candidates(rdb, near, DEVICE)
-    assert chains == fastest(study_name(CHAIN, DEVICE), 2)
-    assert stages == [[c.tiles[0] for c in fastest(stage_study_name(CHAIN, j, DEVICE), 1)] for j in range(2)]
+    assert chains == fastest(study_name(CHAIN, DEVICE), CHAIN.stage_names)
+    assert stages == [[c.tiles[0] for c in fastest(stage_study_name(CHAIN, j, DEVICE), (st.name,))]
+                      for j, st in enumerate(CHAIN.stages)]
     # Another model shape shares no chain study and no stage shape.
     other = get_workload("gpt3").chain(tokens=128, hidden=4096, ffn=2048)
     assert transfer_candidates(rdb, other, DEVICE) == ([], [[], []])

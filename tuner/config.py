@@ -1,12 +1,13 @@
 """A tuning configuration: a frozen value validated once, then trusted downstream.
 
 ``Config`` carries everything rendering needs. Its flat form (``params``) is what
-Optuna sees: one named parameter per knob, e.g. ``gemm1.bm`` or ``policy``.
+Optuna sees: one named parameter per knob, a stage's prefixed by the stage's name
+(``qkv.bm``, ``attn.bn``, ``conv2.split_k``) and the chain's bare (``policy``).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from . import UsageError, shown
 from .chain.tiling import (  # noqa: F401
@@ -37,6 +38,22 @@ GLOBAL_CHOICES: dict[str, tuple[str, ...]] = {
     "prefetch": PREFETCHES,
 }
 MAX_STAGES = 64  # stages of one chain a config may tile: a stored list longer than this is refused
+
+
+def legacy_names(n_stages: int) -> tuple[str, ...]:
+    """The stage prefixes of parameters stored before they were named by stage: ``gemm1``, ``gemm2``, ...
+    whatever the stage's kind (and ``gemm1`` for any stage timed alone)."""
+    return tuple(f"gemm{i + 1}" for i in range(n_stages))
+
+
+def renamed(params: Mapping[str, Any], names: Sequence[str], to: Sequence[str]) -> dict[str, Any]:
+    """``params`` with each stage prefix of ``names`` replaced by its counterpart in ``to``."""
+    new = dict(zip(names, to))
+    out = {}
+    for key, value in params.items():
+        prefix, dot, field = key.partition(".")
+        out[f"{new.get(prefix, prefix)}.{field}" if dot else key] = value
+    return out
 
 
 class ConfigError(UsageError):
@@ -81,27 +98,34 @@ class Config:
     launch: str
     prefetch: str = "none"  # see tuner.sync.prefetch
 
-    def params(self) -> dict[str, Any]:
-        """Flat parameter dict, stage knobs prefixed by the stage name (``gemm1.bm``)."""
+    def params(self, names: Sequence[str]) -> dict[str, Any]:
+        """Flat parameter dict, stage knobs prefixed by the stage's name in ``names`` (``attn.bm``)."""
+        if len(names) != len(self.tiles):
+            raise ValueError(f"{len(names)} stage names for a config of {len(self.tiles)} stages")
         out: dict[str, Any] = {}
-        for i, t in enumerate(self.tiles):
+        for name, t in zip(names, self.tiles):
             for f in TILE_FIELDS:
-                out[f"gemm{i + 1}.{f}"] = getattr(t, f)
+                out[f"{name}.{f}"] = getattr(t, f)
         for f in GLOBAL_FIELDS:
             out[f] = getattr(self, f)
         return out
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any], n_stages: int, where: str = "config") -> "Config":
-        """The config of Optuna's flat ``params``, every value checked (:func:`field_value`); a tile
-        field left out takes its default where it has one (records made before it existed)."""
+    def from_params(cls, params: Mapping[str, Any], names: Sequence[str], where: str = "config") -> "Config":
+        """The config of Optuna's flat ``params`` for stages named ``names``, every value checked
+        (:func:`field_value`); a tile field left out takes its default where it has one (records
+        made before it existed). A stage none of whose knobs carries its name is read under its
+        :func:`legacy_names` prefix, so studies stored before stages named their knobs still load."""
         if not isinstance(params, Mapping):
             raise ConfigError(f"{where}: expected a mapping of parameters, got {type(params).__name__}")
-        if not _is_int(n_stages) or not 1 <= n_stages <= MAX_STAGES:
-            raise ConfigError(f"{where}: {n_stages!r} stages: accepted: 1 to {MAX_STAGES}")
-        tiles = tuple(_tiles({f: params[k] for f in TILE_FIELDS if (k := f"gemm{i + 1}.{f}") in params},
-                             f"{where}: gemm{i + 1}") for i in range(n_stages))
-        return cls(tiles, *_globals(params, where))
+        if not 1 <= len(names) <= MAX_STAGES:
+            raise ConfigError(f"{where}: {len(names)} stages: accepted: 1 to {MAX_STAGES}")
+        tiles = []
+        for name, old in zip(names, legacy_names(len(names))):
+            prefix = name if any(f"{name}.{f}" in params for f in TILE_FIELDS) else old
+            tiles.append(_tiles({f: params[k] for f in TILE_FIELDS if (k := f"{prefix}.{f}") in params},
+                                f"{where}: {prefix}"))
+        return cls(tuple(tiles), *_globals(params, where))
 
     def to_dict(self) -> dict[str, Any]:
         """The config as JSON data; a global field at its default is left out, and so is a tile

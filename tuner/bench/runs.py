@@ -41,9 +41,9 @@ def timed_configs(storage: str, chain: Chain, device, stage: int | None = None, 
     from ..storage.trials import stage_study_name, stored_trials, trial_config  # noqa: PLC0415
 
     name = study_name(chain, device, graphs) if stage is None else stage_study_name(chain, stage, device, graphs)
-    n = len(chain.stages) if stage is None else 1
+    names = chain.stage_names if stage is None else (chain.stages[stage].name,)
     return [(t.value, c) for t in stored_trials(storage, name, (TrialState.COMPLETE,))
-            if t.user_attrs.get("measured") and (c := trial_config(t, n, name)) is not None]
+            if t.user_attrs.get("measured") and (c := trial_config(t, names, name)) is not None]
 
 
 def ablations(contestants: dict[str, Config], fields: list[str], chain: Chain, device) -> dict[str, Config]:

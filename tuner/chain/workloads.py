@@ -45,6 +45,11 @@ class Chain:
     def flops(self) -> int:
         return sum(s.flops for s in self.stages)
 
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        """The stages' names, which prefix their knobs in a config's parameters (``attn.bm``)."""
+        return tuple(s.name for s in self.stages)
+
     def alone(self, j: int) -> "Chain":
         """Stage ``j`` as a chain of its own (its A operand an external input), to time it alone."""
         st = self.stages[j]

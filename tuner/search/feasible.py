@@ -182,7 +182,7 @@ class FeasibleSet:
         self.chain = chain
         self.device = device
         self.space = space
-        self.stage_names = [s.name for s in chain.stages]
+        self.stage_names = chain.stage_names
         self.domains_space: list[dict[str, tuple[int, ...]]] = [space.stage_domain(s.name, s.m) for s in chain.stages]
         self._rejections: list[dict[str, int]] = []
         self.tilings: list[list[StageGrid]] = []
@@ -325,10 +325,10 @@ class FeasibleSet:
     def _structural_reason(self, config: Config) -> str | None:
         if len(config.tiles) != len(self.stage_names):
             return f"stages: {self.chain.workload} has {len(self.stage_names)} stages, the config {len(config.tiles)}"
-        for i, (name, t, dom) in enumerate(zip(self.stage_names, config.tiles, self.domains_space)):
+        for name, t, dom in zip(self.stage_names, config.tiles, self.domains_space):
             for f in TILE_FIELDS:
                 if getattr(t, f) not in dom[f]:
-                    return (f"domain: gemm{i + 1}.{f}={getattr(t, f)} is outside the search space "
+                    return (f"domain: {name}.{f}={getattr(t, f)} is outside the search space "
                             f"(accepted: {', '.join(map(str, dom[f]))})")
         for f in GLOBAL_FIELDS:
             if getattr(config, f) not in self.space.globals[f]:
@@ -387,10 +387,10 @@ class FeasibleSet:
         weighs the closest few global combinations and stage tilings only, and may return
         None although a farther config is left; callers then draw one at random.
         """
-        target = config.params()
+        target = config.params(self.stage_names)
 
         def distance(c: Config) -> int:
-            return sum(target.get(k) != v for k, v in c.params().items())
+            return sum(target.get(k) != v for k, v in c.params(self.stage_names).items())
 
         def usable(c: Config) -> bool:
             return c not in exclude and (accept is None or accept(c))
@@ -454,15 +454,15 @@ class FeasibleSet:
         if self._explicit is not None:
             used: dict[str, set] = {}
             for c in self._explicit:
-                for k, v in c.params().items():
+                for k, v in c.params(self.stage_names).items():
                     used.setdefault(k, set()).add(v)
             order = self.param_order()
             return {k: [v for v in order[k] if v in used.get(k, ())] for k in order}
         live = [c for c, n in zip(self.combos, self._combo_counts) if n]
-        for i, grids in enumerate(self.tilings):
+        for name, grids, dom in zip(self.stage_names, self.tilings, self.domains_space):
             for f in TILE_FIELDS:
                 present = {getattr(g.tiles, f) for g in grids}
-                out[f"gemm{i + 1}.{f}"] = [v for v in self.domains_space[i][f] if v in present]
+                out[f"{name}.{f}"] = [v for v in dom[f] if v in present]
         for k, f in enumerate(GLOBAL_FIELDS):
             present = {c[k] for c in live}
             out[f] = [v for v in self.space.globals[f] if v in present]
@@ -470,9 +470,9 @@ class FeasibleSet:
 
     def param_order(self) -> dict[str, list]:
         out: dict[str, list] = {}
-        for i, dom in enumerate(self.domains_space):
+        for name, dom in zip(self.stage_names, self.domains_space):
             for f in TILE_FIELDS:
-                out[f"gemm{i + 1}.{f}"] = list(dom[f])
+                out[f"{name}.{f}"] = list(dom[f])
         for f in GLOBAL_FIELDS:
             out[f] = list(self.space.globals[f])
         return out

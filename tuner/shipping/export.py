@@ -44,7 +44,7 @@ def collect(storage: str, workload: str) -> list[dict[str, Any]]:
         summ = summarize(trials)
         best = summ.best
         chain = _study_chain(attrs, s.study_name)
-        configs = {t.number: trial_config(t, len(chain.stages), s.study_name) for t in trials}  # each one checked
+        configs = {t.number: trial_config(t, chain.stage_names, s.study_name) for t in trials}  # each one checked
         config = None if best is None else configs[best.number]
         rows.append({
             "study": _printable(s.study_name, "name", s.study_name),
@@ -59,7 +59,7 @@ def collect(storage: str, workload: str) -> list[dict[str, Any]]:
             "failures": {r: summ.failures.get(r, 0) for r in FAIL_REASONS},
             "refused": summ.rejected,  # of the constraint failures: suggestions refused before measuring
             "best": None if best is None else {
-                "params": dict(sorted(config.params().items())) if config is not None else {},
+                "params": dict(sorted(config.params(chain.stage_names).items())) if config is not None else {},
                 "config": config.to_dict() if config is not None else None,
                 "short": config.short() if config is not None else "",
                 "median_us": best.value,

@@ -14,13 +14,13 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from .. import UsageError, shortlist, shown
 from ..backends.base import FAIL_REASONS, DeviceInfo, Measurement
 from ..chain.tiling import refitted
 from ..chain.workloads import Chain, get_workload
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, legacy_names, renamed
 
 FINALISTS = "finalists"
 
@@ -59,13 +59,14 @@ def stage_study_name(chain: Chain, j: int, device: DeviceInfo | str, graphs: boo
     return f"{chain.label}/{chain.stages[j].name}/{name}" + (GRAPHS_SUFFIX if graphs else "")
 
 
-def trial_config(trial: Any, n_stages: int, study: str = "a study") -> Config | None:
-    """The config a trial was given (its params, or the fixed params of a queued trial), every value
-    checked (:meth:`Config.from_params`); None for a trial given none. A stored value this version
-    cannot run (edited in the database, say) is a :class:`ConfigError` naming ``study`` and the trial."""
+def trial_config(trial: Any, names: Sequence[str], study: str = "a study") -> Config | None:
+    """The config a trial was given (its params, or the fixed params of a queued trial) to a chain of
+    stages ``names``, every value checked (:meth:`Config.from_params`); None for a trial given none.
+    A stored value this version cannot run (edited in the database, say) is a :class:`ConfigError`
+    naming ``study`` and the trial."""
     params = trial.params or trial.system_attrs.get("fixed_params") or {}
     where = f"study {study!r}, trial {trial.number}"
-    config = Config.from_params(params, n_stages, where=where) if params else None
+    config = Config.from_params(params, names, where=where) if params else None
     said = trial.user_attrs.get("config")
     if said is not None and Config.from_dict(said, where) != config:
         raise ConfigError(f"{where}: its stored config and its parameters disagree")
@@ -184,13 +185,12 @@ TOKEN_WAIT_S = 10.0  # how long a worker waits for the study's maker to write th
 class TrialBook:
     """One Optuna study in the storage: what it has decided, and the writing of new trials."""
 
-    def __init__(self, rdb: Any, name: str, domains: Mapping[str, list], n_stages: int,
+    def __init__(self, rdb: Any, name: str, domains: Mapping[str, list], names: Sequence[str],
                  attrs: Mapping[str, Any]):
         import optuna  # noqa: PLC0415
         from optuna.distributions import CategoricalDistribution  # noqa: PLC0415
 
         self.name = name
-        self.n_stages = n_stages
         sampler = optuna.samplers.RandomSampler()
         try:
             self.study = optuna.create_study(study_name=name, storage=rdb, direction="minimize", sampler=sampler)
@@ -203,12 +203,20 @@ class TrialBook:
             if self.study.user_attrs.get(key) != value:
                 self.study.set_user_attr(key, value)
         self._scope: str | None = None
+        trials = self.study.get_trials(deepcopy=False)
+        # The stage prefixes its parameters are written under: a study begun before parameters were
+        # named by stage goes on under the old names, so its trials never mix the two forms.
+        self.names = tuple(names)
+        old = legacy_names(len(names))
+        if old != self.names and trials and not any(k.startswith(f"{n}.") for t in trials for k in t.params
+                                                    for n in self.names):
+            self.names = old
+            domains = renamed(domains, names, old)
         self.dists = {k: CategoricalDistribution(v) for k, v in domains.items()}
         self.known: dict[Config, tuple[float | None, str | None]] = {}
         self.finals: set[tuple[Config | None, Any, float]] = set()  # (config, final set, sustained load)
         self.summary = TrialSummary()
         self._seen: set[int] = set()
-        trials = self.study.get_trials(deepcopy=False)
         self._check_distributions(trials)
         self._take_in(trials)
 
@@ -229,7 +237,7 @@ class TrialBook:
     def config_of(self, trial: Any) -> Config | None:
         """A trial's config, checked as :func:`trial_config` checks it and against this study's
         space: a value outside the choices the study was run with is refused the same way."""
-        c = trial_config(trial, self.n_stages, self.name)
+        c = trial_config(trial, self.names, self.name)
         for param, value in (trial.params or {}).items():
             dist = self.dists.get(param)
             if dist is None or value not in dist.choices:
@@ -275,7 +283,7 @@ class TrialBook:
 
         ok = value is not None and math.isfinite(value)
         self.study.add_trial(optuna.trial.create_trial(
-            params=config.params(), distributions=self.dists, value=value if ok else None,
+            params=config.params(self.names), distributions=self.dists, value=value if ok else None,
             state=TrialState.COMPLETE if ok else TrialState.FAIL, user_attrs=dict(attrs)))
         self.refresh()
 
@@ -295,7 +303,8 @@ def transfer_candidates(rdb: Any, chain: Chain, device: DeviceInfo, per_study: i
     sweep = chain.size[0][0]
     # (distance, study, the rows M of each of its stages)
     chain_near: list[tuple[float, str, tuple[int, ...]]] = []
-    stage_near: list[list[tuple[float, str, int]]] = [[] for _ in chain.stages]
+    # (distance, study, its stage's rows M, its stage's name: a stage of another chain may be named otherwise)
+    stage_near: list[list[tuple[float, str, int, str]]] = [[] for _ in chain.stages]
     shapes = [(st.n, st.k, st.epilogue) for st in chain.stages]
     for s in study_summaries(rdb):
         a = s.user_attrs
@@ -307,30 +316,31 @@ def transfer_candidates(rdb: Any, chain: Chain, device: DeviceInfo, per_study: i
             m, n, k, epi = a["stage_shape"]
             for j, shape in enumerate(shapes):
                 if (n, k, epi) == shape:
-                    stage_near[j].append((abs(math.log(m / chain.stages[j].m)), s.study_name, m))
+                    stage_near[j].append((abs(math.log(m / chain.stages[j].m)), s.study_name, m,
+                                          str(a.get("stage", ""))))
         elif a.get("workload") == chain.workload and sweep in other and all(
                 other.get(p) == v for p, v in size.items() if p != sweep):
             rows = tuple(st.m for st in get_workload(chain.workload).chain(**other).stages)
             chain_near.append((abs(math.log(other[sweep] / size[sweep])), s.study_name, rows))
 
-    def best_of(name: str, n_stages: int) -> list[Config]:
+    def best_of(name: str, names: Sequence[str]) -> list[Config]:
         trials = stored_trials(rdb, name, (TrialState.COMPLETE,))
         trials = sorted((t for t in trials if t.user_attrs.get("measured")), key=lambda t: t.value)
-        out = [c for t in trials[:per_study] if (c := trial_config(t, n_stages, name)) is not None]
+        out = [c for t in trials[:per_study] if (c := trial_config(t, names, name)) is not None]
         return out
 
     # A pick of another size comes as picked, and first with its tile heights refitted to this
     # size's rows (tiling.refitted): a height fitted to that size is rarely one this size's space holds.
     chain_cfgs: list[Config] = []
     for _, name, rows in sorted(chain_near)[:neighbours]:
-        for c in best_of(name, len(chain.stages)):
+        for c in best_of(name, chain.stage_names):
             fit = replace(c, tiles=tuple(refitted(t, m, st.m) for t, m, st in zip(c.tiles, rows, chain.stages)))
             chain_cfgs += [x for x in dict.fromkeys((fit, c)) if x not in chain_cfgs]
     stage_tiles = []
     for j, near in enumerate(stage_near):
         tiles: list[Any] = []
-        for _, name, m in sorted(near)[:neighbours]:
-            for c in best_of(name, 1):
+        for _, name, m, stage in sorted(near)[:neighbours]:
+            for c in best_of(name, (stage,)):
                 tiles += [t for t in dict.fromkeys((refitted(c.tiles[0], m, chain.stages[j].m), c.tiles[0]))
                           if t not in tiles]
         stage_tiles.append(tiles)

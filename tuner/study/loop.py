@@ -80,9 +80,10 @@ def load_checker(backend: Backend) -> Checker | None:
 
 
 def _stage_domains(fs: FeasibleSet, j: int) -> dict[str, list]:
-    """The parameters of stage ``j``'s study: its tile fields as ``gemm1.*``, the sync choice fixed."""
+    """The parameters of stage ``j``'s study: its tile fields, the sync choice fixed."""
     order = fs.param_order()
-    out = {f"gemm1.{f}": order[f"gemm{j + 1}.{f}"] for f in TILE_FIELDS}
+    name = fs.stage_names[j]
+    out = {f"{name}.{f}": order[f"{name}.{f}"] for f in TILE_FIELDS}
     out.update({f: [v] for f, v in zip(GLOBAL_FIELDS, STAGE_ALONE)})
     return out
 
@@ -166,7 +167,7 @@ class _StudyRun:
                   "device": self.device.name, "backend": backend.name, "replayed": backend.replayed,
                   "synthetic": backend.synthetic, "graphs": backend.graphs}
         self.book = TrialBook(self.rdb, study_name(chain, self.device, backend.graphs), fs.param_order(),
-                              len(chain.stages), common)
+                              chain.stage_names, common)
         self.stage_books, self.stage_tilings = self._stage_books(common)
         self.outcome = StudyOutcome(self.book.name, chain.label, self.device.name, fs.size, self.book.summary,
                                     strategy=self.strategy, budget=self.trials, replayed=backend.replayed,
@@ -200,7 +201,7 @@ class _StudyRun:
             return books, tilings
         for j, st in enumerate(self.chain.stages):
             books.append(TrialBook(self.rdb, stage_study_name(self.chain, j, self.device, self.backend.graphs),
-                                   _stage_domains(self.fs, j), 1,
+                                   _stage_domains(self.fs, j), (st.name,),
                                    {**common, "stage": st.name, "stage_shape": [st.m, st.n, st.k, st.epilogue]}))
             grids = self.fs.tilings[j]
             recorded = self.backend.restrict(self.alone[j], [stage_config(g.tiles) for g in grids])

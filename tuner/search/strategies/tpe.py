@@ -26,7 +26,7 @@ class TPESearch(WholeChainStrategy):
 
         super().start(ctx)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.n_stages = len(ctx.chain.stages)
+        self.names = ctx.chain.stage_names
         self.domains = ctx.feasible.domains()
         self.dists = {k: CategoricalDistribution(v) for k, v in self.domains.items()}
         self.mem = optuna.create_study(direction="minimize",
@@ -43,7 +43,7 @@ class TPESearch(WholeChainStrategy):
         from optuna.trial import TrialState  # noqa: PLC0415
 
         t = self.mem.ask()
-        cfg = Config.from_params({p: t.suggest_categorical(p, ch) for p, ch in self.domains.items()}, self.n_stages)
+        cfg = Config.from_params({p: t.suggest_categorical(p, ch) for p, ch in self.domains.items()}, self.names)
         self.mem.tell(t, state=TrialState.FAIL)  # what it proposed is not what is measured: see observe
         if cfg not in self.seen and self.ctx.usable(cfg):
             return cfg
@@ -65,7 +65,7 @@ class TPESearch(WholeChainStrategy):
         for o in outcomes:
             if o.proposal.stage is not None:
                 continue
-            params = o.proposal.config.params()
+            params = o.proposal.config.params(self.names)
             if set(params) != set(self.dists) or any(v not in self.dists[k].choices for k, v in params.items()):
                 continue
             ok = o.us is not None
