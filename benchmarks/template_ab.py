@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tuner.backends.replay import Record, ReplayError, read_recording  # noqa: E402
 from tuner.chain.workloads import chain_from_label  # noqa: E402
 from tuner.cli import sustained_argument  # noqa: E402
+from tuner.config import Config  # noqa: E402
 from tuner.paths import home  # noqa: E402
 
 
