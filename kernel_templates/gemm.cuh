@@ -39,6 +39,17 @@ __device__ __forceinline__ half_t f2h(float x) {
   return h;
 }
 __device__ __forceinline__ u32 pack2(float lo, float hi) { return (u32)f2h(lo) | ((u32)f2h(hi) << 16); }
+__device__ __forceinline__ float h2f(half_t h) {
+  float x;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(h));
+  return x;
+}
+// A half of global memory, read through L2 (ld.cg: never a stale L1 line of data another block wrote).
+__device__ __forceinline__ float ldcg_h2f(const half_t* p) {
+  half_t h;
+  asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(h) : "l"(p));
+  return h2f(h);
+}
 
 __device__ __forceinline__ float tanh_approx(float x) {
   float y;

@@ -15,6 +15,7 @@ from statistics import median
 from typing import Any, Callable, Iterator, Sequence
 
 from ..chain.epilogues import get_epilogue
+from ..chain import residual
 from ..chain.kinds import kind_of
 from ..chain.workloads import Chain
 from ..codegen.render import Launch, Rendered, render
@@ -96,6 +97,8 @@ def reference(chain: Chain, x, ws) -> Any:
     a = x.astype(cp.float32)
     for st, w in zip(chain.stages, ws):
         a = get_epilogue(st.epilogue).reference(cp, kind_of(st).reference(cp, a, w.astype(cp.float32), st))
+        if residual.has(st):
+            a = residual.reference(cp, a, x)
     return a
 
 

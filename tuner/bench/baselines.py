@@ -16,6 +16,7 @@ from statistics import median
 from typing import Any, Callable, Sequence
 
 from ..chain.epilogues import get_epilogue
+from ..chain import residual
 from ..chain.kinds import kind_of
 from ..chain.workloads import Chain
 
@@ -86,6 +87,8 @@ def cupy_chain(chain: Chain, x, ws) -> Callable[[], Any]:
         a = x
         for (kind, st, e), w in zip(steps, ws):
             a = e.cupy(cp, kind.cupy_stage(cp, a, w, st))
+            if residual.has(st):
+                a = a + x
         return a
 
     return run
@@ -112,12 +115,14 @@ def torch_chains(chain: Chain, x, ws) -> dict[str, Callable[[], Any]]:
         h = tx
         for k, st, e, w in zip(kinds, stages, epis, tw):
             h = e.torch(F, k.torch_stage(F, h, w, st))
+            if residual.has(st):
+                h = h + tx
         return kinds[-1].torch_output(h, stages[-1])
 
     variants: dict[str, Callable[[], Any]] = {"torch eager": eager, "torch graph": eager}
     # cuBLASLt's built-in epilogues are GEMM epilogues.
     fused = [e.name for st, e in zip(stages, epis) if e.torch_fused is not None and kind_of(st).STORED_A]
-    if fused and all(kind_of(st).STORED_A for st in stages):
+    if fused and all(kind_of(st).STORED_A and not residual.has(st) for st in stages):
         steps = [e.torch_fused(torch, w) if e.torch_fused is not None
                  else (lambda h, e=e, w=w: e.torch(F, torch.mm(h, w.t()))) for e, w in zip(epis, tw)]
 
@@ -131,19 +136,27 @@ def torch_chains(chain: Chain, x, ws) -> dict[str, Callable[[], Any]]:
     out = {"torch eager": variants.pop("torch eager")}
     for name, fn in variants.items():
         try:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(3):
-                    fn()
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                fn()
-            out[name] = g.replay
+            out[name] = torch_graph(fn)
         except Exception:  # a torch build without the epilogue: that variant is just absent
             continue
     return out
+
+
+def torch_graph(fn: Callable[[], Any], output: bool = False) -> Callable[[], Any]:
+    """``fn`` (PyTorch work) warmed up on a side stream, captured in a CUDA graph: its replay, which
+    with ``output`` returns the captured output (rewritten by each replay)."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = fn()
+    return (lambda: (g.replay(), y)[1]) if output else g.replay
 
 
 def time_torch(fn: Callable[[], Any], warmup: int = 5, reps: int = 30) -> list[float]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from . import residual
 from .expr import Expr
 from .kind import StageKind, TensorCoreStage, WorkloadError
 
@@ -33,6 +34,7 @@ class GemmStage(TensorCoreStage):
     k: int
     epilogue: str = "none"
     a_from: int | None = None  # index of the producer stage, or None for an external input
+    residual: bool = False  # adds the chain's input x to the stored output (tuner.chain.residual)
 
     def __post_init__(self) -> None:
         if min(self.m, self.n, self.k) < 1:
@@ -103,7 +105,7 @@ class GemmKind(StageKind):
     def smem_bytes(self, grid: "StageGrid") -> int:
         """Shared memory of a block: the tiling's ring of A and B slabs (and, for persistent blocks, the
         epilogue's output, whose stored width the stage's epilogue sets)."""
-        return grid.tiles.smem_bytes(grid.tiles.bn // grid.stage.fold, grid.stage.n_out)
+        return grid.tiles.smem_bytes(grid.tiles.bn // grid.stage.fold, grid.stage.n_out, residual.has(grid.stage))
 
     def partial_floats(self, grid: "StageGrid") -> int:
         """Workspace floats of one split's partial sums of one tile (split-K): the whole tile."""

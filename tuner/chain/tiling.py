@@ -281,14 +281,15 @@ class StageTiles:
         a persistent stage launches."""
         return whole_clusters(sms, self.cluster)
 
-    def smem_bytes(self, out_cols: int | None = None, n_out: int | None = None) -> int:
+    def smem_bytes(self, out_cols: int | None = None, n_out: int | None = None, residual: bool = False) -> int:
         """Shared memory of a block: the ring, plus for wgmma 1 KiB of alignment slack and, when the
         TMA fills the ring, two 8-byte mbarriers (full, empty) per slot; a persistent tile adds what
         its epilogue parks its output in (the ring is busy with the next tile by then), for
-        ``out_cols`` stored columns (default BN) of an output ``n_out`` halves wide."""
+        ``out_cols`` stored columns (default BN) of an output ``n_out`` halves wide (``residual``: the
+        stage adds one, see :meth:`stores_by_tma`)."""
         if self.warpgroup:
             return (self.ring_bytes() + 1024 + (16 * self.stages if self.tma else 0)
-                    + self.persistent_epilogue_bytes(self.bn if out_cols is None else out_cols, n_out))
+                    + self.persistent_epilogue_bytes(self.bn if out_cols is None else out_cols, n_out, residual))
         return self.ring_bytes()
 
     # Rows of a transposed tile that a persistent block parks at a time for its epilogue.
@@ -299,7 +300,7 @@ class StageTiles:
         """Rows of a persistent transposed tile parked at a time: :data:`SLICE_ROWS`, or BM if fewer."""
         return min(self.bm, self.SLICE_ROWS)
 
-    def persistent_epilogue_bytes(self, out_cols: int, n_out: int | None = None) -> int:
+    def persistent_epilogue_bytes(self, out_cols: int, n_out: int | None = None, residual: bool = False) -> int:
         """Shared memory beside the ring that a persistent tile parks its output in: stored through
         the TMA (:meth:`stores_by_tma`, given ``n_out``), the slices of :meth:`tma_store_layout`
         and 1024 bytes to align the first; else a transposed tile's fp32 rows of
@@ -308,22 +309,25 @@ class StageTiles:
         pieces (else it stores from its registers and parks nothing)."""
         if not self.persistent:
             return 0
-        if n_out is not None and self.stores_by_tma(out_cols, n_out):
+        if n_out is not None and self.stores_by_tma(out_cols, n_out, residual):
             return 1024 + self.tma_store_layout(out_cols).bytes
         if self.transposed:
             return self.slice_rows * self.transposed_pitch * 4
         return self.bm * (out_cols + 8) * 2 if out_cols % 8 == 0 else 0
 
-    def stores_by_tma(self, out_cols: int, n_out: int) -> bool:
+    def stores_by_tma(self, out_cols: int, n_out: int, residual: bool = False) -> bool:
         """Whether a persistent tile's epilogue leaves through the TMA: parked in the loads' box
         layout (64-column boxes, 128-byte swizzle; :meth:`tma_store_layout`), then stored by the
         copy engine while the MMA warps go on. The boxes need ``out_cols`` (the tile's stored
         columns) in whole boxes and an output row pitch (``n_out`` halves) of whole 16 bytes; a
         transposed tile (parked by stmatrix, 16 rows at a time) its every column stored (no
-        folded pairs, which lie in other threads) and its rows in whole slices of 16 rows or more."""
+        folded pairs, which lie in other threads) and its rows in whole slices of 16 rows or more, and
+        no residual add (stmatrix takes the fragments as they are)."""
         if not self.persistent or out_cols % 64 or n_out % 8:
             return False
         if self.transposed:
+            if residual:
+                return False
             return out_cols == self.bn and self.slice_rows % 16 == 0 and self.bm % self.slice_rows == 0
         return True
 

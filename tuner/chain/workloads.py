@@ -19,6 +19,7 @@ from .. import shown
 from .attention import AttentionStage
 from .conv import ConvStage
 from .gemm import GemmStage
+from . import residual
 from .kinds import Stage, WorkloadError
 
 DTYPES = ("fp16",)
@@ -50,10 +51,16 @@ class Chain:
         """The stages' names, which prefix their knobs in a config's parameters (``attn.bm``)."""
         return tuple(s.name for s in self.stages)
 
+    def __post_init__(self) -> None:
+        residual.check(self)
+
     def alone(self, j: int) -> "Chain":
-        """Stage ``j`` as a chain of its own (its A operand an external input), to time it alone."""
+        """Stage ``j`` as a chain of its own (its A operand an external input), to time it alone; a
+        residual add is left out (the chain's input is no longer there), which costs a stage that
+        has one a read of its output's size in the chain."""
         st = self.stages[j]
-        return Chain(f"{self.workload}.{st.name}", self.size, (replace(st, a_from=None),), self.dtype)
+        alone = replace(st, a_from=None, **({"residual": False} if residual.has(st) else {}))
+        return Chain(f"{self.workload}.{st.name}", self.size, (alone,), self.dtype)
 
     @property
     def min_bytes(self) -> int:

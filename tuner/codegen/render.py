@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import jinja2
 
+from ..chain import residual
 from ..chain.epilogues import get_epilogue
 from ..chain.expr import Expr
 from ..chain.kinds import kind_of
@@ -294,7 +295,11 @@ def _stage_entry(i: int, g: StageGrid, config: Config, sms: int, device_epoch: b
                  run_counter=None, guard_counter=None)
     entry["A_PARTS"], entry["B_PARTS"] = copy_parts(entry["A_ROWS"], tl.cn), copy_parts(tl.bn, tl.cm)
     entry["staged"] = staged_epilogue(tl, entry["OW"])
-    entry["TMA_STORE"] = entry["staged"] and tl.stores_by_tma(entry["OW"], st.n_out)
+    entry["RESIDUAL"] = residual.has(st)
+    # Each stored value's expression with the residual added where the stage has one (else as it is).
+    entry["res"] = (lambda v, row, col, bound: residual.c_value(v, row, col, bound)) if entry["RESIDUAL"] \
+        else (lambda v, row, col, bound: v)
+    entry["TMA_STORE"] = entry["staged"] and tl.stores_by_tma(entry["OW"], st.n_out, entry["RESIDUAL"])
     entry["store"] = tl.tma_store_layout(entry["OW"]) if entry["TMA_STORE"] else None
     # Who stores a TMA-stored epilogue's boxes, and the barrier they wait at: in a transposed
     # tile each warpgroup its own 64 columns, synced alone; else thread 0, after the MMA warps.

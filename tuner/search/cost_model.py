@@ -11,6 +11,7 @@ import math
 from functools import lru_cache
 from pathlib import Path
 
+from ..chain import residual
 from ..chain.kinds import kind_of
 from ..chain.tiling import WG_OVERHEAD_REGS, StageGrid, StageTiles, even_share
 from ..device import DeviceInfo
@@ -63,6 +64,8 @@ def stage_seconds(g: StageGrid, device: DeviceInfo, bandwidth: float = BANDWIDTH
         left -= active
     if t.split_k > 1:
         total += 2 * t.split_k * st.m * st.n * 4 / bandwidth  # partial sums written, then read back
+    if residual.has(st):
+        total += st.m * st.n_out * 2 / bandwidth  # the residual read beside the output
     return total
 
 
