@@ -478,3 +478,19 @@ def test_template_ab_refuses_a_sustained_time_that_is_not_positive_in_one_line(r
     assert done.returncode != 0
     assert done.stderr.strip().splitlines()[-1].endswith(
         "error: argument --sustained: expected a positive number of seconds, got '0'")
+
+
+def test_the_layer_baseline_takes_the_built_in_models_shards_and_moves_at_least_their_weights(monkeypatch):
+    """benchmarks/layer_baseline.py's layers are the built-in MLP and attention workloads' shapes;
+    its floor counts every weight once, the KV cache it reads and the rows it writes."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from layer_baseline import SHAPES
+
+    llama, gpt3 = SHAPES["llama"], SHAPES["gpt3"]
+    mlp, attn = get_workload("llama").chain(tokens=1), get_workload("llama-attn").chain(tokens=1)
+    weights = sum(st.weight_bytes for st in mlp.stages) + sum(st.weight_bytes for st in attn.stages
+                                                                if st.kind == "gemm")
+    assert llama.weight_bytes() == weights + 2 * 2 * llama.hidden  # and the two norms' weights
+    assert (gpt3.heads, gpt3.kv_heads, gpt3.llama) == (12, 12, False)
+    kv_row = 2 * llama.kv_heads * llama.head_dim * 2
+    assert llama.floor_bytes(4, 1024) - llama.floor_bytes(4, 0) == 1024 * kv_row
