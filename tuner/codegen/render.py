@@ -290,6 +290,8 @@ def _stage_entry(i: int, g: StageGrid, config: Config, sms: int, device_epoch: b
                  PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=tl.consumer_regs, **_after_mainloop(tl),
                  A_ROWS=a_rows(st.m, tl.bm), OW=tl.bn // st.fold, epi=get_epilogue(st.epilogue),
                  a_arg=kind_of(st).a_arg(st),
+                 # The buffer the stage reads as its A operand: the chain's input, or its producer's output.
+                 a_buf="x" if st.a_from is None else f"y{st.a_from}",
                  order_m=order.m.c, order_n=order.n.c, order_s=order.s.c,
                  wait=None, post=None, started=None, guard=None, ticket=None, ws_base=0, arrive_base=0, written_base=0,
                  run_counter=None, guard_counter=None)
@@ -317,10 +319,9 @@ def _stage_entry(i: int, g: StageGrid, config: Config, sms: int, device_epoch: b
         entry["arrive_base"] = mem.words.take(g.mt * g.nt)  # arrivals of a tile's splits
         entry["written_base"] = mem.words.take(g.mt * g.nt)  # posts of the splits whose partials are stored
     if tl.tma:
-        a_name = "x" if st.a_from is None else f"y{st.a_from}"
         # The kernel addresses descriptors in u64 words: 16 per 128-byte descriptor.
         entry["tma_a"], entry["tma_b"] = 16 * len(mem.maps), 16 * (len(mem.maps) + 1)
-        mem.maps += [TensorMap(len(mem.maps), a_name, st.m, st.k, entry["A_ROWS"] // entry["A_PARTS"]),
+        mem.maps += [TensorMap(len(mem.maps), entry["a_buf"], st.m, st.k, entry["A_ROWS"] // entry["A_PARTS"]),
                  TensorMap(len(mem.maps) + 1, f"w{i}", st.n, st.k, tl.bn // entry["B_PARTS"])]
     if entry["TMA_STORE"]:  # the output, stored a box of the layout's rows by 64 columns at a time
         entry["tma_c"] = 16 * len(mem.maps)
