@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from .. import shown
 from .attention import AttentionStage
@@ -23,6 +23,13 @@ from . import residual
 from .kinds import Stage, WorkloadError
 
 DTYPES = ("fp16",)
+
+
+def edges(stages: Sequence[Stage]) -> list[tuple[int, int]]:
+    """(producer, consumer) stage indices, one per stage that reads an earlier stage's output as its A
+    operand: the one definition of which stage reads which, that the checker, the constraints and
+    the search pair stages by."""
+    return [(st.a_from, i) for i, st in enumerate(stages) if st.a_from is not None]
 
 @dataclass(frozen=True)
 class Chain:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..chain.expr import Expr
 from ..chain.kinds import kind_of
-from ..chain.workloads import Chain
+from ..chain.workloads import Chain, edges
 from ..config import Config, StageGrid
 from ..sync.policies import (
     DISPATCHES,
@@ -121,7 +121,7 @@ class Protocol:
 
     def pairs(self) -> list[tuple[int, int]]:
         """(producer, consumer) stage indices, one per stage that reads an earlier stage's output."""
-        return [(g.stage.a_from, i) for i, g in enumerate(self.grids) if g.stage.a_from is not None]
+        return edges([g.stage for g in self.grids])
 
 
 def tile_name(grid: StageGrid, m: int, n: int | str, s: int | None = None) -> str:

@@ -11,6 +11,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..chain.kinds import kind_of
+from ..chain.workloads import edges
 from ..config import StageGrid
 from ..sync.policies import (
     STREAM_ORDERED,
@@ -98,7 +99,7 @@ def _layout(protocol: Protocol) -> _Layout:
 
 @lru_cache(maxsize=32)
 def _layout_of(grids: tuple[StageGrid, ...], policy: SyncPolicy | None, order: TileOrder) -> _Layout:
-    pairs = [(g.stage.a_from, i) for i, g in enumerate(grids) if g.stage.a_from is not None]
+    pairs = edges([g.stage for g in grids])
     base, tile_base, total, tiles = [], [], 0, 0
     for g in grids:
         base.append(total)

@@ -29,7 +29,7 @@ from ..chain.tiling import (
     whole_clusters,
     whole_groups,
 )
-from ..chain.workloads import Chain
+from ..chain.workloads import Chain, edges
 from ..config import Config, ConfigError, StageGrid, StageTiles
 from ..device import DeviceInfo
 from ..paths import templates_dir
@@ -346,11 +346,11 @@ def _stage_entry(i: int, g: StageGrid, config: Config, sms: int, device_epoch: b
 def _sync_entries(stages: list[dict[str, Any]], grids: Sequence[StageGrid], config: Config, device_epoch: bool,
                   words: _Words) -> None:
     """Each boundary's post (in the producer's entry) and waits (in the consumer's), from the sync policy."""
-    for i in range(1, len(grids)):
+    for p, i in edges([g.stage for g in grids]):
         regions = policy_for(POLICIES[config.policy], grids[i])
-        env = pair_env(grids[i - 1], grids[i])
+        env = pair_env(grids[p], grids[i])
         base = words.take(regions[0].sems(env))
-        stages[i - 1]["post"] = dict(env=env, sem_base=base, sem=regions[0].post_sem.c,
+        stages[p]["post"] = dict(env=env, sem_base=base, sem=regions[0].post_sem.c,
                                      tma_consumer=config.tiles[i].tma)
         waits = [dict(when=pol.wait_when.c, lo=pol.wait_row_lo.c, hi=pol.wait_row_hi.c, col_lo=pol.wait_col_lo.c,
                       col_hi=pol.wait_col_hi.c, sem=pol.wait_sem.c, count=pol.wait_count.c) for pol in regions]
@@ -362,7 +362,7 @@ def _sync_entries(stages: list[dict[str, Any]], grids: Sequence[StageGrid], conf
                                  when=" || ".join(w["when"] for w in waits), reads_n2="n2" in read)
         if config.launch == "two_stream":
             started = words.take(1)
-            stages[i - 1]["started"] = started
+            stages[p]["started"] = started
             stages[i]["guard"] = started
             if device_epoch:
                 stages[i]["guard_counter"] = words.take(1)

@@ -22,7 +22,7 @@ from ..chain.tiling import (
     tail_split,
     whole_groups,
 )
-from ..chain.workloads import Chain
+from ..chain.workloads import Chain, edges
 from ..config import Config, StageGrid
 from ..device import DeviceInfo
 from ..sync.policies import POLICIES, cluster_allowed, launch_allowed, pair_env, persistent_allowed
@@ -311,11 +311,10 @@ def chain_problem(config: Config, chain: Chain, dev: DeviceInfo,
     if problem is not None:
         return problem
     grids = config.grids(chain) if grids is None else grids
-    for g in grids:
-        if g.stage.a_from is not None:
-            why = policy_requires(config.policy, grids[g.stage.a_from], g)
-            if why is not None:
-                return "policy_requires", why
+    for p, c in edges(chain.stages):
+        why = policy_requires(config.policy, grids[p], grids[c])
+        if why is not None:
+            return "policy_requires", why
     why = fused_threads(config.launch, grids)
     if why is not None:
         return "fused_threads", why
