@@ -428,3 +428,20 @@ def test_a_persistent_tile_whose_warp_columns_store_several_boxes_parks_them_a_r
     assert replace(t, bm=64, wm=1, wn=2).tma_store_layout(256) == StoreLayout(rounds=2, box_rows=64, boxes=2)
     # A share of one box, or of columns that are not whole boxes, parks the whole tile at once.
     assert replace(t, bn=128, wm=1, wn=2).tma_store_layout(128).rounds == 1 == t.tma_store_layout(96).rounds
+
+
+def test_a_stage_that_reads_the_chains_input_waits_on_no_stage():
+    """The posts and waits follow which stage reads which (workloads.edges), not the stages' order:
+    a second GEMM that reads x, not the first's output, renders without a wait and the first without a post."""
+    from tuner.chain.gemm import GemmStage
+    from tuner.chain.workloads import Chain, edges
+
+    plain = get_workload("gpt3").chain(tokens=40, hidden=256, ffn=512)
+    apart = Chain(plain.workload, plain.size, (plain.stages[0], GemmStage("gemm2", 40, 256, 256, "none")))
+    assert edges(plain.stages) == [(0, 1)] and edges(apart.stages) == []
+    cfg = next(c for c in coverage(plain) if c.policy == "tile")
+    for chain, waits in ((plain, True), (apart, False)):
+        source = render(chain, cfg).source
+        second = source[source.index("// ---- stage 1"):]
+        assert ("auto wait_at = [&](int m2, int n2, int kc, bool first_chunk)" in second) is waits
+        assert ("sync policy 'tile'" in second) is waits
