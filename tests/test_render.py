@@ -445,3 +445,21 @@ def test_a_stage_that_reads_the_chains_input_waits_on_no_stage():
         second = source[source.index("// ---- stage 1"):]
         assert ("auto wait_at = [&](int m2, int n2, int kc, bool first_chunk)" in second) is waits
         assert ("sync policy 'tile'" in second) is waits
+
+
+def test_a_stage_read_by_two_stages_is_refused_in_one_line_not_given_one_post():
+    """A producer tile posts one semaphore, for one consumer's policy: a second consumer would find
+    the first's post overwritten, so the renderer refuses the chain until posts are per producer."""
+    import pytest
+
+    from tuner.chain.gemm import GemmStage
+    from tuner.chain.workloads import Chain
+    from tuner.config import ConfigError
+
+    plain = get_workload("gpt3").chain(tokens=40, hidden=256, ffn=512)
+    both = Chain(plain.workload, plain.size, (*plain.stages, GemmStage("gemm3", 40, 256, 512, "none", a_from=0)))
+    cfg = next(c for c in coverage(plain) if c.policy == "tile")
+    cfg = Config((*cfg.tiles, cfg.tiles[1]), *cfg.globals)
+    with pytest.raises(ConfigError, match=r"^gemm1 is read by two stages \(gemm2 and gemm3\); accepted: one consumer "
+                                          r"per stage$"):
+        render(both, cfg)

@@ -347,11 +347,14 @@ def _sync_entries(stages: list[dict[str, Any]], grids: Sequence[StageGrid], conf
                   words: _Words) -> None:
     """Each boundary's post (in the producer's entry) and waits (in the consumer's), from the sync policy."""
     for p, i in edges([g.stage for g in grids]):
+        if stages[p]["post"] is not None:  # one post a producer tile, for one consumer's semaphores
+            raise ConfigError(f"{grids[p].stage.name} is read by two stages ({stages[p]['post']['consumer']} and "
+                              f"{grids[i].stage.name}); accepted: one consumer per stage")
         regions = policy_for(POLICIES[config.policy], grids[i])
         env = pair_env(grids[p], grids[i])
         base = words.take(regions[0].sems(env))
         stages[p]["post"] = dict(env=env, sem_base=base, sem=regions[0].post_sem.c,
-                                     tma_consumer=config.tiles[i].tma)
+                                 tma_consumer=config.tiles[i].tma, consumer=grids[i].stage.name)
         waits = [dict(when=pol.wait_when.c, lo=pol.wait_row_lo.c, hi=pol.wait_row_hi.c, col_lo=pol.wait_col_lo.c,
                       col_hi=pol.wait_col_hi.c, sem=pol.wait_sem.c, count=pol.wait_count.c) for pol in regions]
         read = {n for pol in regions for e in (pol.wait_when, pol.wait_row_lo, pol.wait_row_hi, pol.wait_col_lo,
