@@ -17,7 +17,7 @@ def check(chain: Any) -> None:
     """Refuse, in one line, a stage whose residual is not the shape of its stored output."""
     x_shape = chain.stages[0].a_shape
     for st in chain.stages:
-        if getattr(st, "residual", False) and x_shape != (st.m, st.n_out):
+        if has(st) and x_shape != (st.m, st.n_out):
             raise WorkloadError(f"stage {st.name}: its residual is the chain's {x_shape[0]}x{x_shape[1]} input, "
                                 f"its output is {st.m}x{st.n_out}; accepted: equal shapes")
 

@@ -326,9 +326,7 @@ class StageTiles:
         if not self.persistent or out_cols % 64 or n_out % 8:
             return False
         if self.transposed:
-            if residual:
-                return False
-            return out_cols == self.bn and self.slice_rows % 16 == 0 and self.bm % self.slice_rows == 0
+            return not residual and out_cols == self.bn and self.slice_rows % 16 == 0 and self.bm % self.slice_rows == 0
         return True
 
     def tma_store_layout(self, out_cols: int) -> "StoreLayout":

@@ -31,6 +31,7 @@ def edges(stages: Sequence[Stage]) -> list[tuple[int, int]]:
     the search pair stages by."""
     return [(st.a_from, i) for i, st in enumerate(stages) if st.a_from is not None]
 
+
 @dataclass(frozen=True)
 class Chain:
     """A workload at one size: the stages the kernels compute."""

@@ -299,8 +299,7 @@ def _stage_entry(i: int, g: StageGrid, config: Config, sms: int, device_epoch: b
     entry["staged"] = staged_epilogue(tl, entry["OW"])
     entry["RESIDUAL"] = residual.has(st)
     # Each stored value's expression with the residual added where the stage has one (else as it is).
-    entry["res"] = (lambda v, row, col, bound: residual.c_value(v, row, col, bound)) if entry["RESIDUAL"] \
-        else (lambda v, row, col, bound: v)
+    entry["res"] = residual.c_value if entry["RESIDUAL"] else (lambda v, row, col, bound: v)
     entry["TMA_STORE"] = entry["staged"] and tl.stores_by_tma(entry["OW"], st.n_out, entry["RESIDUAL"])
     entry["store"] = tl.tma_store_layout(entry["OW"]) if entry["TMA_STORE"] else None
     # Who stores a TMA-stored epilogue's boxes, and the barrier they wait at: in a transposed

@@ -208,8 +208,8 @@ class TrialBook:
         # named by stage goes on under the old names, so its trials never mix the two forms.
         self.names = tuple(names)
         old = legacy_names(len(names))
-        if old != self.names and trials and not any(k.startswith(f"{n}.") for t in trials for k in t.params
-                                                    for n in self.names):
+        stored = {k.partition(".")[0] for t in trials for k in t.params}
+        if old != self.names and trials and not stored & set(self.names):
             self.names = old
             domains = renamed(domains, names, old)
         self.dists = {k: CategoricalDistribution(v) for k, v in domains.items()}
