@@ -169,7 +169,7 @@ def test_reading_commands_need_existing_storage(capsys, tmp_path, command):
 
 def test_debug_shows_the_traceback(capsys):
     rc, _, err = run(capsys, "study", "gpt4", "--debug")
-    assert rc == 2 and "Traceback" in err and err.strip().endswith("accepted: gpt3, llama, resnet38, vgg19, gpt3-attn, llama-attn")
+    assert rc == 2 and "Traceback" in err and err.strip().endswith("accepted: gpt3, llama, resnet38, vgg19, gpt3-attn, llama-attn, gpt3-layer, llama-layer")
 
 
 @pytest.mark.parametrize("command", ["bench", "compile"])

@@ -17,7 +17,7 @@ from tuner.search.cases import coverage
 
 # A small MLP whose second GEMM adds the chain's input back: [40 tokens, 256] -> 512 -> 256 (+ x).
 PLAIN = get_workload("gpt3").chain(tokens=40, hidden=256, ffn=512)
-CHAIN = Chain(PLAIN.workload, PLAIN.size, (PLAIN.stages[0], replace(PLAIN.stages[1], residual=True)))
+CHAIN = Chain(PLAIN.workload, PLAIN.size, (PLAIN.stages[0], replace(PLAIN.stages[1], residual=residual.INPUT)))
 MMAS = ("sync", "wgmma", "wgmma_tma", "wgmma_tma_t")
 # The comment each of a GEMM tile's store paths renders (kernel_templates/tile_gemm.j2).
 PATHS = {"tma store": "Epilogue through the TMA", "transposed": "Epilogue of a transposed tile",
@@ -31,7 +31,7 @@ def second_stage(source: str) -> str:
 def test_a_residual_must_have_the_outputs_shape():
     with pytest.raises(WorkloadError, match=r"^stage gemm1: its residual is the chain's 40x256 input, its output "
                                             r"is 40x512; accepted: equal shapes$"):
-        Chain(PLAIN.workload, PLAIN.size, (replace(PLAIN.stages[0], residual=True), PLAIN.stages[1]))
+        Chain(PLAIN.workload, PLAIN.size, (replace(PLAIN.stages[0], residual=residual.INPUT), PLAIN.stages[1]))
 
 
 def test_the_reference_adds_the_input_in_float32():

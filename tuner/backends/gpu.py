@@ -15,7 +15,7 @@ from statistics import median
 from typing import Any, Callable, Iterator, Sequence
 
 from ..chain.epilogues import get_epilogue
-from ..chain import residual
+from ..chain import norm, residual
 from ..chain.kinds import kind_of
 from ..chain.workloads import Chain
 from ..codegen.render import Launch, Rendered, render
@@ -71,7 +71,8 @@ class Problem:
         sets = max(1, min(8, math.ceil(2 * l2_bytes / set_bytes)))
         rng = cp.random.default_rng(seed)
         xs = [_rand(rng, s0.a_shape, 1.0) for _ in range(sets)]
-        ws = [[_rand(rng, *kind_of(s).b_operand(s)) for s in chain.stages] for _ in range(sets)]
+        ws = [[norm.folded_test_weights(cp, _rand(rng, *kind_of(s).b_operand(s)), s) for s in chain.stages]
+              for _ in range(sets)]
         ys = [cp.empty((s.m, s.n_out), dtype=cp.float16) for s in chain.stages]
         return cls(chain, xs, ws, ys)
 
@@ -82,7 +83,7 @@ class Problem:
         s0 = self.chain.stages[0]
         self.xs[0][...] = _rand(rng, s0.a_shape, 1.0)
         for i, s in enumerate(self.chain.stages):
-            self.ws[0][i][...] = _rand(rng, *kind_of(s).b_operand(s))
+            self.ws[0][i][...] = norm.folded_test_weights(cp, _rand(rng, *kind_of(s).b_operand(s)), s)
 
 
 def _rand(rng, shape, scale):
@@ -94,11 +95,12 @@ def _rand(rng, shape, scale):
 def reference(chain: Chain, x, ws) -> Any:
     """Float32 reference of the whole chain (cuBLAS on upcast inputs; each stage kind's own)."""
     cp = _cp()
-    a = x.astype(cp.float32)
+    a, outs = x.astype(cp.float32), []
     for st, w in zip(chain.stages, ws):
         a = get_epilogue(st.epilogue).reference(cp, kind_of(st).reference(cp, a, w.astype(cp.float32), st))
         if residual.has(st):
-            a = residual.reference(cp, a, x)
+            a = residual.reference(cp, a, residual.operand(st, x, outs))
+        outs.append(a)
     return a
 
 

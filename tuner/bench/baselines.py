@@ -16,7 +16,7 @@ from statistics import median
 from typing import Any, Callable, Sequence
 
 from ..chain.epilogues import get_epilogue
-from ..chain import residual
+from ..chain import norm, residual
 from ..chain.kinds import kind_of
 from ..chain.workloads import Chain
 
@@ -84,11 +84,14 @@ def cupy_chain(chain: Chain, x, ws) -> Callable[[], Any]:
     steps = [(kind_of(st), st, get_epilogue(st.epilogue)) for st in chain.stages]
 
     def run():
-        a = x
+        a, outs = x, []
         for (kind, st, e), w in zip(steps, ws):
+            if (n := norm.of(st)) is not None:
+                a = norm.cupy(cp, a, n)
             a = e.cupy(cp, kind.cupy_stage(cp, a, w, st))
             if residual.has(st):
-                a = a + x
+                a = a + residual.operand(st, x, outs)
+            outs.append(a)
         return a
 
     return run
@@ -110,19 +113,24 @@ def torch_chains(chain: Chain, x, ws) -> dict[str, Callable[[], Any]]:
     tx = kinds[0].torch_input(torch, torch.as_tensor(x, device="cuda"), stages[0])
     tw = [e.torch_weight(k.torch_weight(torch, torch.as_tensor(w, device="cuda"), st))
           for k, st, e, w in zip(kinds, stages, epis, ws)]
+    # A normed stage's gain, as a model holds it beside its weights (ours are folded into them: ones).
+    gains = [torch.ones(st.k, dtype=torch.float16, device="cuda") if norm.has(st) else None for st in stages]
 
     def eager():
-        h = tx
-        for k, st, e, w in zip(kinds, stages, epis, tw):
+        h, outs = tx, []
+        for k, st, e, w, g in zip(kinds, stages, epis, tw, gains):
+            if g is not None:
+                h = norm.torch(F, h, g, norm.of(st))
             h = e.torch(F, k.torch_stage(F, h, w, st))
             if residual.has(st):
-                h = h + tx
+                h = h + residual.operand(st, tx, outs)
+            outs.append(h)
         return kinds[-1].torch_output(h, stages[-1])
 
     variants: dict[str, Callable[[], Any]] = {"torch eager": eager, "torch graph": eager}
     # cuBLASLt's built-in epilogues are GEMM epilogues.
     fused = [e.name for st, e in zip(stages, epis) if e.torch_fused is not None and kind_of(st).STORED_A]
-    if fused and all(kind_of(st).STORED_A and not residual.has(st) for st in stages):
+    if fused and all(kind_of(st).STORED_A and not residual.has(st) and not norm.has(st) for st in stages):
         steps = [e.torch_fused(torch, w) if e.torch_fused is not None
                  else (lambda h, e=e, w=w: e.torch(F, torch.mm(h, w.t()))) for e, w in zip(epis, tw)]
 

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from . import residual
+from . import norm, residual, rope
 from .expr import Expr
 from .kind import StageKind, TensorCoreStage, WorkloadError
+from .norm import NORMS
 
 if TYPE_CHECKING:
     from .tiling import StageGrid
@@ -34,7 +35,9 @@ class GemmStage(TensorCoreStage):
     k: int
     epilogue: str = "none"
     a_from: int | None = None  # index of the producer stage, or None for an external input
-    residual: bool = False  # adds the chain's input x to the stored output (tuner.chain.residual)
+    residual: int | None = None  # what the stored output adds: residual.INPUT or an earlier stage (tuner.chain.residual)
+    norm: str = "none"  # the row norm of A folded into the product (tuner.chain.norm)
+    rope: rope.Rope | None = None  # the rotation of query and key columns in the epilogue (tuner.chain.rope)
 
     def __post_init__(self) -> None:
         if min(self.m, self.n, self.k) < 1:
@@ -43,6 +46,12 @@ class GemmStage(TensorCoreStage):
             # 16-byte cp.async chunks along K need K to be a multiple of 8 halves.
             raise WorkloadError(f"stage {self.name}: K={self.k} must be a multiple of 8")
         self.check_epilogue(self.name)
+        if self.norm not in NORMS:
+            raise WorkloadError(f"stage {self.name}: unknown norm {self.norm!r}; accepted: {', '.join(NORMS)}")
+        if self.rope is not None and self.fold != 1:
+            raise WorkloadError(f"stage {self.name}: a rotated stage stores each accumulator column; the "
+                                f"{self.epilogue} epilogue folds {self.fold} into one")
+        rope.check(self)
 
     @property
     def a_shape(self) -> tuple[int, int]:
@@ -85,6 +94,9 @@ def first_read(producer: "StageGrid", consumer: "StageGrid") -> np.ndarray:
     return np.where(ok, req, NEVER)
 
 
+_TORCH_TABLES: dict = {}  # a rotation's cosines and sines, per rotation and shape, made once
+
+
 class GemmKind(StageKind):
     """The GEMM stage kind: ``C[M,N] = epilogue(A[M,K] @ B[N,K]^T)``."""
 
@@ -105,7 +117,19 @@ class GemmKind(StageKind):
     def smem_bytes(self, grid: "StageGrid") -> int:
         """Shared memory of a block: the tiling's ring of A and B slabs (and, for persistent blocks, the
         epilogue's output, whose stored width the stage's epilogue sets)."""
-        return grid.tiles.smem_bytes(grid.tiles.bn // grid.stage.fold, grid.stage.n_out, residual.has(grid.stage))
+        st = grid.stage
+        rows = 4 * grid.tiles.bm if norm.has(st) else 0  # a normed tile's row scales (tuner_rs)
+        return grid.tiles.smem_bytes(grid.tiles.bn // st.fold, st.n_out, residual.has(st)) + rows
+
+    def tiling_problem(self, grid: "StageGrid") -> str | None:
+        """A normed stage's tile computes its rows' scales once, before its mainloop: a persistent block,
+        which runs tile after tile, does not."""
+        if norm.has(grid.stage) and grid.tiles.persistent:
+            return f"stage {grid.stage.name}: a normed stage's tiles are not persistent"
+        if rope.has(grid.stage) and grid.tiles.transposed:
+            # A transposed tile's thread holds pairs of rows, not of the adjacent columns a rotation turns.
+            return f"stage {grid.stage.name}: a rotated stage's tiles are not transposed"
+        return None
 
     def partial_floats(self, grid: "StageGrid") -> int:
         """Workspace floats of one split's partial sums of one tile (split-K): the whole tile."""
@@ -123,16 +147,30 @@ class GemmKind(StageKind):
         return (min(t.bm, grid.stage.m) + t.bn) * k_elems * 2, 2 * t.bm * t.bn * k_elems, t.bn * t.bk * 2
 
     def reference(self, xp, a, w, stage: GemmStage):
-        """float32 ``a @ w.T`` before the epilogue, for arrays of module ``xp`` (numpy or cupy)."""
-        return a @ w.T
+        """float32 ``a @ w.T`` (``a``'s rows normed first where the stage has a norm) before the
+        epilogue, for arrays of module ``xp`` (numpy or cupy)."""
+        n, r = norm.of(stage), rope.of(stage)
+        out = (a if n is None else norm.reference(xp, a, n)) @ w.T
+        return out if r is None else rope.reference(xp, out, r)
 
     def cupy_stage(self, cp, a, w, stage: GemmStage):
-        """The stage before its epilogue as a CuPy user writes it (cuBLAS)."""
-        return a @ w.T
+        """The stage before its epilogue as a CuPy user writes it (cuBLAS; a rotation in float32)."""
+        out = a @ w.T
+        r = rope.of(stage)
+        return out if r is None else rope.reference(cp, out.astype(cp.float32), r).astype(cp.float16)
 
     def torch_stage(self, F, h, w, stage: GemmStage):
-        """The stage before its epilogue in PyTorch."""
-        return F.linear(h, w)
+        """The stage before its epilogue in PyTorch (a rotation with tables made at the first call)."""
+        out = F.linear(h, w)
+        r = rope.of(stage)
+        if r is None:
+            return out
+        import torch  # noqa: PLC0415 - only where PyTorch runs the baseline
+
+        key = (r, out.shape[0], out.shape[1])
+        if key not in _TORCH_TABLES:
+            _TORCH_TABLES[key] = rope.torch_tables(torch, out.shape[0], out.shape[1], r, str(out.device))
+        return rope.torch(torch, out, r, _TORCH_TABLES[key])
 
     def check_shapes(self, producer: "StageGrid", consumer: "StageGrid") -> str | None:
         """Why the consumer cannot read the producer's output as its A operand, or None."""

@@ -21,6 +21,7 @@ from .conv import ConvStage
 from .gemm import GemmStage
 from . import residual
 from .kinds import Stage, WorkloadError
+from .rope import Rope
 
 DTYPES = ("fp16",)
 
@@ -67,7 +68,7 @@ class Chain:
         residual add is left out (the chain's input is no longer there), which costs a stage that
         has one a read of its output's size in the chain."""
         st = self.stages[j]
-        alone = replace(st, a_from=None, **({"residual": False} if residual.has(st) else {}))
+        alone = replace(st, a_from=None, **({"residual": None} if residual.has(st) else {}))
         return Chain(f"{self.workload}.{st.name}", self.size, (alone,), self.dtype)
 
     @property
@@ -215,6 +216,31 @@ def _attention_layer(p: Mapping[str, int]) -> tuple[GemmStage | AttentionStage, 
     return (GemmStage("qkv", m, attn.qkv_cols, h, "none"), attn, GemmStage("out", m, h, heads * d, "none", a_from=1))
 
 
+def _decoder_layer(norm: str, epilogue: str, up: int, rotary: bool) -> Callable[[Mapping[str, int]], tuple[Stage, ...]]:
+    """A pre-norm decoder layer: the norm folded into the QKV GEMM (with rotary embeddings of the queries and
+    keys in its epilogue where ``rotary``), causal attention over the cache and the new tokens, the output GEMM plus the layer's input, the norm folded into the MLP's first GEMM (``up``
+    projections of ``ffn`` interleaved, then ``epilogue``), the second GEMM plus the attention block's
+    output (stage 2's)."""
+    def build(p: Mapping[str, int]) -> tuple[Stage, ...]:
+        m, h, heads, kv, d, f = p["tokens"], p["hidden"], p["heads"], p["kv_heads"], p["head_dim"], p["ffn"]
+        attn = AttentionStage("attn", m, p["cache"], heads, kv, d, a_from=0)
+        rot = Rope(d, heads // kv, p["cache"]) if rotary else None
+        return (GemmStage("qkv", m, attn.qkv_cols, h, "none", norm=norm, rope=rot), attn,
+                GemmStage("out", m, h, heads * d, "none", a_from=1, residual=residual.INPUT),
+                GemmStage("up", m, up * f, h, epilogue, a_from=2, norm=norm),
+                GemmStage("down", m, h, f, "none", a_from=3, residual=2))
+    return build
+
+
+def _layer(name: str, model: str, heads_doc: str, norm: str, mlp: str, defaults: Mapping[str, int],
+           build: Callable[[Mapping[str, int]], tuple[Stage, ...]], rotary: bool) -> "Workload":
+    return Workload(name, f"{model} decoder layer, 8-way tensor parallel ({heads_doc}): {norm} folded into the QKV "
+                    f"GEMM{' (rotary embeddings in its epilogue)' if rotary else ''}, causal attention over a KV cache, output GEMM plus the input, {norm} folded into the "
+                    f"{mlp}, down GEMM plus the attention block's output, fp16; the KV cache append is not in "
+                    f"the chain yet", "tokens", (1, 4, 16), {"cache": 1024, **defaults, "head_dim": 128},
+                    build, _LAYER_SIZES, builtin=_ATTN_REGIMES)
+
+
 _POW2_TOKENS = tuple(2 ** i for i in range(13))
 
 # The model widths are the GEMMs' K, read in 16-byte pieces (8 halves) along each row.
@@ -228,6 +254,8 @@ _ATTN_SIZES = (SizeParam("tokens", "new tokens (the queries)", most=16384),
                SizeParam("kv_heads", "key/value heads (per GPU)", most=256),
                SizeParam("head_dim", "head sizes", most=256))
 
+
+_LAYER_SIZES = (*_ATTN_SIZES, SizeParam("ffn", "MLP widths (per GPU)", 8))
 
 # Decode: a few new tokens on a long cache; prompt: the tokens attend to themselves.
 _ATTN_REGIMES = ({"tokens": (1, 4), "cache": (1024,)}, {"tokens": (16,), "cache": (2048,)},
@@ -268,6 +296,11 @@ WORKLOADS: dict[str, Workload] = {
                       _conv_chain, _CONV_SIZES, _layers((56, 128, 2, 1), (28, 256, 4, 1), (14, 512, 4, 1))),
     "gpt3-attn": _attention("gpt3-attn", "GPT-3 175B", "12 heads of 128 per GPU", 12288, 12, 12),
     "llama-attn": _attention("llama-attn", "LLaMA-2 70B", "8 query heads sharing 1 KV head per GPU", 8192, 8, 1),
+    "gpt3-layer": _layer("gpt3-layer", "GPT-3 175B", "12 heads of 128 per GPU", "LayerNorm", "up GEMM with GeLU",
+                         {"hidden": 12288, "heads": 12, "kv_heads": 12, "ffn": 6144}, _decoder_layer("layer", "gelu", 1, False), False),
+    "llama-layer": _layer("llama-layer", "LLaMA-2 70B", "8 query heads sharing 1 KV head per GPU", "RMSNorm",
+                          "gate/up GEMM with SwiGLU", {"hidden": 8192, "heads": 8, "kv_heads": 1, "ffn": 3584},
+                          _decoder_layer("rms", "silu_mul", 2, True), True),
 }
 
 

@@ -61,14 +61,19 @@ from ..sync.policies import (
 )
 from .model import Protocol
 from .simulator import make_schedules, simulate
-from .soundness import check_order, check_soundness
+from .soundness import check_norm_rows, check_order, check_residual, check_soundness
 
 
 def check_protocol(protocol: Protocol, *, slots: int = 132, runs: int = 2, seed: int = 0,
                    schedules: int = 2) -> str | None:
-    """Tile orders, then soundness of every pair, then deadlock freedom and epochs."""
+    """Tile orders and residuals, then soundness of every pair (a normed consumer's rows too), then
+    deadlock freedom and epochs."""
     for g in protocol.grids:
         msg = check_order(g, protocol.order)
+        if msg:
+            return msg
+    for c in range(len(protocol.grids)):
+        msg = check_residual(protocol.grids, c)
         if msg:
             return msg
     if protocol.policy is None:
@@ -76,7 +81,8 @@ def check_protocol(protocol: Protocol, *, slots: int = 132, runs: int = 2, seed:
             return f"a {protocol.launch} launch needs a sync policy: without one nothing orders the stages"
         return None  # kernel boundaries order everything: nothing waits, nothing can deadlock
     for p, c in protocol.pairs():
-        msg = check_soundness(protocol.grids[p], protocol.grids[c], protocol.policy)
+        msg = (check_soundness(protocol.grids[p], protocol.grids[c], protocol.policy)
+               or check_norm_rows(protocol.grids[p], protocol.grids[c], protocol.policy))
         if msg:
             return msg
     # Deadlock under every schedule; the full-slot adversarial and the first random one also run

@@ -1,10 +1,15 @@
 """Soundness, checked exhaustively: every consumer chunk is read only after waits that cover every producer
-tile writing it; and every tile order visits each tile once.
+tile writing it; a residual is read only from producer tiles those waits reach; a normed stage's rows
+are read whole only after waits that cover them; and every tile order visits each tile once.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Sequence
+
 import numpy as np
 
+from ..chain import norm, residual
 from ..chain.gemm import producer_cols
 from ..chain.kinds import kind_of
 from ..config import StageGrid
@@ -115,3 +120,71 @@ def _unsound(model: PairModel, policy: SyncPolicy, m2: int, s: int, kc: int, m1:
     if right:
         return f"{where}, but this split first waits on it at chunk {right[0]}, after reading it"
     return f"{where}, but this split never waits on that semaphore before reading it"
+
+
+def tiles_read(producer: StageGrid, consumer: StageGrid) -> np.ndarray:
+    """``[consumer tile, producer tile]`` (tiles numbered ``m * NT + n``): whether any split of the
+    consumer tile reads the producer tile, from the consumer kind's index map."""
+    out = np.zeros((consumer.mt * consumer.nt, producer.mt * producer.nt), bool)
+    nc = wait_columns(consumer)
+    for cr, (_, m1, n1, _) in enumerate(kind_of(consumer.stage).reads(producer, consumer)):
+        m2, n2 = cr // nc, cr % nc
+        cols = np.arange(consumer.nt) if nc == 1 else np.array([n2])
+        out[np.ix_(m2 * consumer.nt + cols, m1 * producer.nt + n1)] = True
+    return out
+
+
+def residual_tiles(producer: StageGrid, consumer: StageGrid) -> np.ndarray:
+    """``[consumer tile, producer tile]``: whether the consumer tile's residual add reads the producer
+    tile's output (the same rows, and the stored columns of the tile's accumulator columns)."""
+    st, t = consumer.stage, consumer.tiles
+    lo, hi = producer_cols(producer)
+    bm1 = producer.tiles.bm
+    out = np.zeros((consumer.mt * consumer.nt, producer.mt * producer.nt), bool)
+    for m2 in range(consumer.mt):
+        r0, r1 = m2 * t.bm, min(m2 * t.bm + t.bm, st.m) - 1
+        m1 = np.arange(r0 // bm1, r1 // bm1 + 1)
+        for n2 in range(consumer.nt):
+            c0, c1 = n2 * t.bn // st.fold, min((n2 + 1) * t.bn, st.n) // st.fold  # stored columns [c0, c1)
+            n1 = np.flatnonzero((lo < c1) & (hi > c0))
+            out[np.ix_([m2 * consumer.nt + n2], (m1[:, None] * producer.nt + n1[None, :]).ravel())] = True
+    return out
+
+
+def check_residual(grids: Sequence[StageGrid], c: int) -> str | None:
+    """Whether stage ``c`` reads its residual (an earlier stage ``p``'s output) only from tiles of ``p``
+    that its A operand's reads reach: the tiles its A producer ``q`` read before posting, and so on
+    back to ``p``. The pairs' soundness proves each of those reads waited for before it, so the
+    waits that precede a tile's epilogue (every split's, met before the epilogue) are released
+    after ``p``'s stores, through the chain of posts between."""
+    st = grids[c].stage
+    p = residual.source(st)
+    if p is None or p == residual.INPUT:
+        return None
+    reach, cur = None, c
+    while cur != p:
+        q = grids[cur].stage.a_from
+        if q is None or q < p:
+            return (f"{st.name}: its residual is {grids[p].stage.name}'s output, which its A operand does not "
+                    f"read, directly or through the stages between; accepted: a stage its A operand comes from")
+        step = tiles_read(grids[q], grids[cur])
+        reach = step if reach is None else (reach.astype(np.int64) @ step.astype(np.int64)) > 0
+        cur = q
+    miss = np.argwhere(residual_tiles(grids[p], grids[c]) & ~reach)
+    if miss.size:
+        t2, t1 = (int(v) for v in miss[0])
+        cons, prod = grids[c], grids[p]
+        return (f"{tile_name(cons, t2 // cons.nt, t2 % cons.nt)} adds {tile_name(prod, t1 // prod.nt, t1 % prod.nt)} "
+                f"as its residual, which none of the tiles its A operand reads has read before posting")
+    return None
+
+
+def check_norm_rows(producer: StageGrid, consumer: StageGrid, policy: SyncPolicy) -> str | None:
+    """Whether a normed consumer's row read is covered: before its mainloop, every split of a tile
+    issues the waits of all the tile's chunks, the first as its first, then reads the rows whole, so
+    those are the waits of the tile unsplit, which must cover every chunk's reads."""
+    if not norm.has(consumer.stage) or consumer.tiles.split_k == 1:
+        return None  # unsplit, the prologue's waits are the mainloop's, which check_soundness covers
+    whole = StageGrid(consumer.stage, replace(consumer.tiles, split_k=1))  # a normed tile is never persistent
+    msg = check_soundness(producer, whole, policy)
+    return f"{consumer.stage.name}'s norm reads its rows whole: {msg}" if msg else None

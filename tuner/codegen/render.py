@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import jinja2
 
-from ..chain import residual
+from ..chain import norm, residual, rope
 from ..chain.epilogues import get_epilogue
 from ..chain.expr import Expr
 from ..chain.kinds import kind_of
@@ -262,7 +262,8 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
         total_blocks=total_blocks, threads=threads,
         split_begin=_SPLIT_BEGIN_C, split_end=_SPLIT_END_C,
         headers=_headers({t.wgmma_n for t in config.tiles if t.warpgroup},
-                         list(dict.fromkeys(h for st in chain.stages if (h := kind_of(st).HEADER)))))
+                         list(dict.fromkeys(h for st in chain.stages if (h := kind_of(st).HEADER)))
+                         + [m.HEADER for m in (norm, rope) if any(map(m.has, chain.stages))]))
     launches = _launches(grids, stages, config, sms, total_blocks, threads)
     digest = hashlib.sha256(source.encode()).hexdigest()
     return Rendered(source, digest, launches, max(mem.words.n, 1), max(mem.ws, 1), err_word, tuple(mem.maps),
@@ -300,6 +301,14 @@ def _stage_entry(i: int, g: StageGrid, config: Config, sms: int, device_epoch: b
     entry["RESIDUAL"] = residual.has(st)
     # Each stored value's expression with the residual added where the stage has one (else as it is).
     entry["res"] = residual.c_value if entry["RESIDUAL"] else (lambda v, row, col, bound: v)
+    entry["res_buf"] = residual.buffer(st) if entry["RESIDUAL"] else None
+    # Each accumulator's expression scaled by its row's norm where the stage has one (else as it is).
+    entry["NORM"] = norm.has(st)
+    entry["NORM_EPS"] = repr(float(norm.of(st).eps)) if entry["NORM"] else None
+    entry["NORM_CENTER"] = norm.template_args(norm.of(st)) if entry["NORM"] else None
+    entry["acc"] = norm.c_scale if entry["NORM"] else (lambda v, row: v)
+    entry["ROPE"] = rope.has(st)
+    entry["rope"] = partial(rope.c_pair, rope.of(st)) if entry["ROPE"] else None
     entry["TMA_STORE"] = entry["staged"] and tl.stores_by_tma(entry["OW"], st.n_out, entry["RESIDUAL"])
     entry["store"] = tl.tma_store_layout(entry["OW"]) if entry["TMA_STORE"] else None
     # Who stores a TMA-stored epilogue's boxes, and the barrier they wait at: in a transposed

@@ -1,0 +1,96 @@
+"""The decoder layer as one chain (llama-layer, gpt3-layer): five stages, two residual adds (the layer's input, and the
+attention block's output two stages back), two norms folded into GEMMs. The checker accepts every
+hand-picked config and proves the second residual from the A reads between; a residual those reads
+do not reach is refused in one line. On a GPU every hand-picked config matches the float32 reference."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tuner.chain import residual
+from tuner.chain.workloads import Chain, get_workload
+from tuner.checker import check, clear_caches
+from tuner.checker import soundness
+from tuner.search.cases import coverage
+
+LAYER = get_workload("llama-layer").chain(tokens=4, cache=256, hidden=1024, ffn=512)
+GPT = get_workload("gpt3-layer").chain(tokens=4, cache=256, hidden=1024, ffn=512, heads=2, kv_heads=2)
+MMAS = ("sync", "wgmma", "wgmma_tma", "wgmma_tma_t")
+
+
+@pytest.mark.parametrize("chain, norm, epilogue", [(LAYER, "rms", "silu_mul"), (GPT, "layer", "gelu")])
+def test_the_layer_is_five_stages_with_both_residuals_and_norms(chain, norm, epilogue):
+    qkv, attn, out, up, down = chain.stages
+    assert (qkv.norm, up.norm, up.epilogue) == (norm, norm, epilogue)
+    assert residual.source(out) == residual.INPUT and residual.source(down) == 2
+    assert residual.buffer(down) == "y2"
+
+
+@pytest.mark.parametrize("mma", MMAS)
+@pytest.mark.parametrize("chain", [LAYER, GPT], ids=["llama", "gpt3"])
+def test_the_checker_accepts_every_hand_picked_layer_config(mma, chain):
+    for cfg in coverage(chain, mma):
+        assert check(chain, cfg) is None, cfg.short()
+
+
+def test_a_residual_the_a_reads_do_not_reach_is_refused():
+    # The down projection reading the layer's input instead of the gate/up output: nothing its A
+    # operand reads has read the attention block's output.
+    chain = Chain(LAYER.workload, LAYER.size, (*LAYER.stages[:4], replace(LAYER.stages[4], a_from=None)))
+    cfg = coverage(chain, "sync")[0]
+    assert check(chain, cfg) == ("down: its residual is out's output, which its A operand does not read, directly "
+                                 "or through the stages between; accepted: a stage its A operand comes from")
+
+
+def test_a_residual_read_outside_the_tiles_reached_is_refused(monkeypatch):
+    # Planted: the residual map reads the rows one producer tile further down than the tile's own.
+    real = soundness.residual_tiles
+
+    def shifted(producer, consumer):
+        out = real(producer, consumer)
+        return out[:, list(range(producer.nt, out.shape[1])) + list(range(producer.nt))]
+
+    big = get_workload("llama-layer").chain(tokens=160, cache=256, hidden=1024, ffn=512)  # several tile rows
+    cfg = next(c for c in coverage(big, "sync") if c.policy == "tile")
+    assert check(big, cfg) is None
+    monkeypatch.setattr(soundness, "residual_tiles", shifted)
+    clear_caches()
+    try:
+        msg = check(big, cfg)
+    finally:
+        clear_caches()
+    assert msg is not None and "as its residual, which none of the tiles its A operand reads has read before posting" in msg
+
+
+def test_a_split_normed_tile_needs_the_waits_of_its_whole_rows():
+    # A policy that waits, at a split's first chunk only, for that chunk's producer tiles: each split's
+    # first chunk is covered, the rest of its rows is not.
+    from tuner.sync.policies import POLICIES
+    from tuner.chain.expr import Expr
+
+    bad = replace(POLICIES["tile"], wait_when=Expr("first"))
+    big = get_workload("llama-layer").chain(tokens=160, cache=256, hidden=1024, ffn=512)
+    cfg = next(c for c in coverage(big, "sync") if c.policy == "tile")
+    assert soundness.check_norm_rows(cfg.grids(big)[2], cfg.grids(big)[3], POLICIES["tile"]) is None
+    grids = cfg.grids(big)
+    up = replace(grids[3], tiles=replace(grids[3].tiles, split_k=2))
+    msg = soundness.check_norm_rows(grids[2], up, bad)
+    assert msg is not None and msg.startswith("up's norm reads its rows whole: ")
+
+
+@pytest.mark.gpu
+def test_every_hand_picked_layer_config_is_correct():
+    from tuner.backends.gpu import GpuBackend
+
+    backend = GpuBackend(warmup=1, reps=3)
+    failures = []
+    try:
+        for chain in (LAYER, GPT):
+            cfgs = [c for mma in MMAS for c in coverage(chain, mma)]
+            list(backend.prepare([(chain, c) for c in cfgs]))
+            failures += [f"{chain.workload} {c.short()}: {m.reason}: {m.message}" for c in cfgs
+                         if not (m := backend.measure(chain, c)).ok]
+    finally:
+        backend.close()
+    assert not failures, "\n".join(failures)
