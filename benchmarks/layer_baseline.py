@@ -1,7 +1,7 @@
 """What a whole decoder layer costs in PyTorch today, and its floor: the bar a tuned layer chain must beat.
 
     python benchmarks/layer_baseline.py [--model llama|gpt3|llama-13b ...] [--tokens 1,4,16] [--cache 1024,4096]
-        [--prompt 512,2048] [--rounds 5] [--compile] [--json F]
+        [--prompt 512,2048] [--rounds 5] [--compile] [--bundle DIR ...] [--json F]
 
 One pre-norm decoder layer per size, written as Hugging Face's ``LlamaDecoderLayer`` computes
 it (RMSNorm, rotary embeddings on queries and keys, the new keys and values written into a
@@ -16,7 +16,10 @@ cache it reads, the keys and values it writes, its input and output) over the re
 measured in the same run; each variant's share of that bandwidth is the floor over its time.
 The floor is the larger of that and the FLOPs over the fp16 GEMM rate measured in the same run.
 A check runs first: each variant's output and the cache rows it wrote against the eager
-layer's (relative error). GPU only.
+layer's (relative error). With ``--bundle`` (a folder ``tuner export --format bundle`` wrote for
+``llama-layer`` or ``gpt3-layer``), the tuned chain of each size the bundle holds runs too, in the
+same rounds: on the layer module's own weights, converted once (``tuner.shipping.layer``), its
+output and the cache rows it appended checked against the eager layer's. GPU only.
 """
 from __future__ import annotations
 
@@ -181,6 +184,48 @@ def variants(layer, x, pos, cache: int, compile_: bool) -> dict:
     return out
 
 
+def tuned_step(layer, shape: "LayerShape", bundles: list, x, pos, cache: int):
+    """Our tuned chain of this size on the layer's own weights (None where no bundle holds the size), and
+    a check of it: its output and appended keys and values against the eager step's (relative error)."""
+    import torch
+
+    from tuner.shipping import runtime
+    from tuner.shipping.layer import cache_after, layer_weights
+
+    tokens = x.shape[0]
+    chain = get_workload("llama-layer" if shape.llama else "gpt3-layer").chain(
+        tokens=tokens, cache=cache, hidden=shape.hidden, ffn=shape.ffn, heads=shape.heads, kv_heads=shape.kv_heads,
+        head_dim=shape.head_dim)
+    with torch.no_grad():
+        ws = layer_weights(chain, layer.q.weight, layer.k.weight, layer.v.weight, layer.o.weight, layer.up.weight,
+                           layer.down.weight, layer.norm1.weight, layer.norm2.weight, layer.k_cache[0, :, :cache],
+                           layer.v_cache[0, :, :cache], w_gate=layer.gate.weight if shape.llama else None)
+        ws = [w.to(torch.float16).contiguous() for w in ws]
+    for path in bundles:
+        run = runtime.load(path)
+        try:
+            run.entry_for(x, ws)
+        except Exception:  # noqa: BLE001 - this bundle has no entry of this size
+            continue
+
+        def step():
+            return run(x, *ws)
+
+        def check_it() -> float:
+            with torch.no_grad():
+                want = layer(x, pos).float()
+                keys, values = layer.k_cache[0, :, pos].float(), layer.v_cache[0, :, pos].float()
+            got = step().float()
+            torch.cuda.synchronize()
+            k2, v2 = cache_after(chain, ws[1])
+            errs = [(got - want).norm() / want.norm(), (k2[:, cache:].float() - keys).norm() / keys.norm(),
+                    (v2[:, cache:].float() - values).norm() / values.norm()]
+            return max(float(e) for e in errs)
+
+        return step, check_it
+    return None
+
+
 def check(layer, x, pos, fns: dict) -> dict[str, float]:
     """Each variant's output and written cache rows against the eager layer's in float32 (relative error)."""
     import torch
@@ -220,6 +265,8 @@ def main() -> int:
                     help="prompt lengths, on an empty cache (default 512,2048)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--compile", action="store_true", help="also torch.compile's layer, in a CUDA graph")
+    ap.add_argument("--bundle", type=Path, nargs="+", default=[],
+                    help="bundles of tuned layer chains (tuner export --format bundle): each size one holds runs too")
     ap.add_argument("--json", type=Path, help="write the rows here (after each size)")
     args = ap.parse_args()
     import torch
@@ -238,6 +285,9 @@ def main() -> int:
             try:
                 fns = variants(layer, x, pos, cache, args.compile)
                 errs = check(layer, x, pos, fns)
+                ours = tuned_step(layer, shape, args.bundle, x, pos, cache) if args.bundle else None
+                if ours is not None:
+                    fns["tuned"], errs["tuned"] = ours[0], ours[1]()
                 times = timed_rounds(fns, args.rounds)
             except Exception as exc:  # noqa: BLE001 - one size failing leaves the others to run
                 print(f"{shape.name} tokens {tokens} cache {cache}: {type(exc).__name__}: {exc}", flush=True)

@@ -127,16 +127,17 @@ __device__ __forceinline__ void merge_row_warps(float (&acc)[T::DI][4], SoftmaxR
   __syncthreads();
 }
 
-// Where key `key` of KV head `kvh` lives: the cache for keys before CACHE, the QKV projection's
-// output for the new tokens after it; `part` 0 = keys, 1 = values. ok is false past `last_key`,
-// the tile's last query's own: those rows read as zeros, since under tile synchronization the
-// producer may not have written them (and a masked score's zero weight times NaN is NaN).
-template <int TOKENS, int CACHE, int QKVW, int D>
+// Where key `key` of KV head `kvh` lives: the cache (CROWS rows per KV head and part) for keys
+// before CACHE, the QKV projection's output for the new tokens after it; `part` 0 = keys, 1 =
+// values. ok is false past `last_key`, the tile's last query's own: those rows read as zeros,
+// since under tile synchronization the producer may not have written them (and a masked score's
+// zero weight times NaN is NaN).
+template <int TOKENS, int CACHE, int CROWS, int QKVW, int D>
 __device__ __forceinline__ const half_t* kv_row(const half_t* qkv, const half_t* cache, int kvh, int kv_col,
                                                 int part, int key, int last_key, bool& ok) {
   ok = key <= last_key;
   if (!ok) return qkv;
-  if (key < CACHE) return cache + ((size_t)(kvh * 2 + part) * CACHE + key) * D;
+  if (key < CACHE) return cache + ((size_t)(kvh * 2 + part) * CROWS + key) * D;
   return qkv + (size_t)(key - CACHE) * QKVW + kv_col + part * D;
 }
 
@@ -148,7 +149,7 @@ __device__ __forceinline__ int row_token(int m0, int r) { return m0 + r / T::P; 
 // warp of each warp row (T::part() == 0) on return. Chunks past the tile's last query are skipped
 // (causal), so a split may compute nothing: max = -inf, sum = 0. `wait(kc, first)` runs in every
 // thread before chunk kc's keys and values (and, on the first, the queries) are copied.
-template <class T, int TOKENS, int CACHE, int HEADS, int G, class Wait>
+template <class T, int TOKENS, int CACHE, int CROWS, int HEADS, int G, class Wait>
 __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], SoftmaxRows& sm,
                                                    const half_t* __restrict__ qkv, const half_t* __restrict__ cache,
                                                    int m0, int n, int kc_begin, int kc_end, half_t* smem,
@@ -179,7 +180,7 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
       const int part = i / (T::BK * CPR), r = i / CPR % T::BK, c = (i % CPR) * 8, key = kc * T::BK + r;
       if (rows != ALL_ROWS && (key < CACHE) != (rows == CACHE_ROWS)) continue;
       bool ok;
-      const half_t* src = kv_row<TOKENS, CACHE, QKVW, D>(qkv, cache, kvh, kv_col, part, key, last_key, ok);
+      const half_t* src = kv_row<TOKENS, CACHE, CROWS, QKVW, D>(qkv, cache, kvh, kv_col, part, key, last_key, ok);
       cp_async16((part ? sV : sK) + slot * T::KV_ELEMS + r * T::LDS + c, ok ? src + c : src, ok);
     }
   };
@@ -340,4 +341,24 @@ __device__ __forceinline__ void attention_store(const float (&acc)[T::DI][4], co
         *reinterpret_cast<u32*>(out + (size_t)tok * HEADS * T::D + col) =
             pack2(acc[j][2 * h] * inv[h], acc[j][2 * h + 1] * inv[h]);
     }
+}
+
+// The cache append (AttentionStage.append): the first tile of each KV head's group writes its
+// tokens' new keys and values from the QKV projection's output into the cache's rows CACHE on,
+// once the tile has read them (its waits, every split's, cover them), 16 bytes a thread a step,
+// read through L2 (another block of this launch wrote them). Attention reads only the rows before
+// CACHE, so no tile of this run or the next reads what it writes.
+template <class T, int TOKENS, int CACHE, int CROWS, int HEADS, int G>
+__device__ __forceinline__ void append_kv(const half_t* __restrict__ qkv, half_t* cache, int m0, int n) {
+  constexpr int D = T::D, QKVW = (HEADS + 2 * (HEADS / G)) * D, CPR = D / 8;
+  const int head0 = n * T::P, kvh = head0 / G, kv_col = kvh * (G + 2) * D + G * D;
+  if (head0 % G) return;
+  const int rows = min(m0 + T::BM, TOKENS) - m0;
+  for (int i = threadIdx.x; i < rows * 2 * CPR; i += T::THREADS) {
+    const int r = i / (2 * CPR), part = i / CPR % 2, c = (i % CPR) * 8, tok = m0 + r;
+    u32 v[4];
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "l"(qkv + (size_t)tok * QKVW + kv_col + part * D + c));
+    *reinterpret_cast<uint4*>(cache + ((size_t)(kvh * 2 + part) * CROWS + CACHE + tok) * D + c) = make_uint4(v[0], v[1], v[2], v[3]);
+  }
 }

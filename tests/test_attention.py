@@ -17,6 +17,7 @@ from tuner.checker.model import Protocol
 from tuner.checker.soundness import check_soundness
 from tuner.config import Config, StageTiles
 from tuner.paths import home
+from model_backend import ModelBackend
 from tuner.search.space import load_space
 from tuner.sync.policies import POLICIES
 
@@ -207,28 +208,6 @@ def test_a_decode_layer_fits_a_fused_launch_with_warps_splitting_the_keys():
     assert fs.contains(cfg) is None and check(chain, cfg) is None
     one_warp = Config((gemm, attn(16, 64, split_k=4), gemm), "tile", "row", "ticket", "fused")
     assert "fused_threads" in fs.contains(one_warp)
-
-
-class ModelBackend(Backend):
-    """Answers with the cost model's estimate (no device; not a measurement) and asserts that every
-    config it is asked to time passed the space and the checker."""
-
-    name = "cost-model"
-
-    def __init__(self, chain, fs):
-        self.chain, self.fs, self.calls = chain, fs, []
-
-    def device_info(self):
-        return H200
-
-    def measure(self, chain, cfg):
-        from tuner.search.cost_model import stage_seconds
-
-        if len(chain.stages) == len(self.chain.stages):
-            assert self.fs.contains(cfg) is None and check(chain, cfg) is None, cfg.short()
-        self.calls.append((chain.label, cfg))
-        us = 1e6 * sum(stage_seconds(g, H200) for g in cfg.grids(chain))
-        return Measurement(ok=True, median_us=us, times_us=[us], error=1e-4)
 
 
 def test_the_staged_search_tunes_an_attention_layer_end_to_end(tmp_path):

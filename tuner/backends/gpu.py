@@ -94,14 +94,32 @@ def _rand(rng, shape, scale):
 
 def reference(chain: Chain, x, ws) -> Any:
     """Float32 reference of the whole chain (cuBLAS on upcast inputs; each stage kind's own)."""
-    cp = _cp()
-    a, outs = x.astype(cp.float32), []
+    return reference_outputs(chain, x, ws)[-1]
+
+
+def reference_outputs(chain: Chain, x, ws, xp: Any = None) -> list[Any]:
+    """Float32 reference of each stage's output, in order, for arrays of module ``xp`` (default CuPy)."""
+    xp = _cp() if xp is None else xp
+    a, outs = x.astype(xp.float32), []
     for st, w in zip(chain.stages, ws):
-        a = get_epilogue(st.epilogue).reference(cp, kind_of(st).reference(cp, a, w.astype(cp.float32), st))
+        a = get_epilogue(st.epilogue).reference(xp, kind_of(st).reference(xp, a, w.astype(xp.float32), st))
         if residual.has(st):
-            a = residual.reference(cp, a, residual.operand(st, x, outs))
+            a = residual.reference(xp, a, residual.operand(st, x, outs))
         outs.append(a)
-    return a
+    return outs
+
+
+def written_checks(chain: Chain, x, ws, outs: list[Any]) -> list[tuple[Any, Any]]:
+    """(what a stage writes into its second operand, its float32 reference) for each stage that writes
+    one (an attention stage's cache append), from the reference outputs ``outs``."""
+    cp = _cp()
+    checks = []
+    for i, (st, w) in enumerate(zip(chain.stages, ws)):
+        view = kind_of(st).b_written(cp, w, st)
+        if view is not None:
+            a = x.astype(cp.float32) if st.a_from is None else outs[st.a_from]
+            checks.append((view, kind_of(st).b_expected(cp, a, st)))
+    return checks
 
 
 def rel_error(out, ref) -> float:
@@ -401,9 +419,13 @@ class GpuBackend(Backend):
         p = runner.problem
         self._draws += 1
         p.refresh(self.seed * 1000003 + self._draws)
-        ref = reference(chain, p.xs[0], p.ws[0])
+        outs = reference_outputs(chain, p.xs[0], p.ws[0])
+        ref = outs[-1]
+        written = written_checks(chain, p.xs[0], p.ws[0], outs)
         for y in p.ys:
             y.view(cp.uint16).fill(POISON)
+        for view, _ in written:  # what a stage writes besides its output (a cache append), poisoned too
+            view[...] = cp.nan
         # Fresh inputs, reference and poison were queued on the default stream; the chain runs on
         # its own non-blocking streams, which do not wait for it.
         cp.cuda.Device().synchronize()
@@ -414,6 +436,10 @@ class GpuBackend(Backend):
         err = rel_error(p.ys[-1], ref)
         if not err < VERIFY_TOL:  # NaN (an unwritten element) fails too
             return err, "incorrect"
+        for view, want in written:
+            err_w = rel_error(view, want)
+            if not err_w < VERIFY_TOL:
+                return err_w, "incorrect"
         self._refs[chain.label] = ref
         return err, None
 

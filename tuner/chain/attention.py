@@ -55,6 +55,7 @@ class AttentionStage(TensorCoreStage):
     head_dim: int = 128
     a_from: int | None = None  # the QKV projection
     epilogue: str = "none"  # the softmax's normalization is the kind's own
+    append: bool = False  # writes the new tokens' keys and values into the cache after its own
 
     def __post_init__(self) -> None:
         if min(self.tokens, self.heads, self.kv_heads) < 1 or self.cache < 0:
@@ -67,6 +68,11 @@ class AttentionStage(TensorCoreStage):
             raise WorkloadError(f"stage {self.name}: head size {self.head_dim}; accepted: "
                                 f"{', '.join(map(str, HEAD_DIMS))}")
         self.check_epilogue(self.name)
+
+    @property
+    def cache_rows(self) -> int:
+        """Rows of the cache buffer per KV head and part: room for the new tokens where it appends them."""
+        return self.cache + (self.tokens if self.append else 0)
 
     @property
     def group(self) -> int:
@@ -144,7 +150,7 @@ def _split(xp, qkv, cache, stage: AttentionStage):
     """Queries ``[kv_heads, G, tokens, D]``, keys and values ``[kv_heads, cache + tokens, D]``."""
     b, d, g = stage.tokens, stage.head_dim, stage.group
     parts = qkv.reshape(b, stage.kv_heads, g + 2, d)
-    kv = cache.reshape(stage.kv_heads, 2, stage.cache, d)
+    kv = cache.reshape(stage.kv_heads, 2, stage.cache_rows, d)[:, :, :stage.cache]
     q = parts[:, :, :g].transpose(1, 2, 0, 3)
     k = xp.concatenate([kv[:, 0], parts[:, :, g].transpose(1, 0, 2)], axis=1)
     v = xp.concatenate([kv[:, 1], parts[:, :, g + 1].transpose(1, 0, 2)], axis=1)
@@ -201,6 +207,11 @@ class AttentionKind(StageKind):
         return {f"CACHE{idx}": stage.cache, f"G{idx}": stage.group, f"D{idx}": stage.head_dim, f"M{idx}": stage.m,
                 f"CSTEP{idx}": 0}
 
+    def pads_rows(self, stage: AttentionStage) -> bool:
+        """Not where it appends: padded tokens would be written into the cache, whose rows are sized by
+        the tokens."""
+        return not stage.append
+
     def tiling_problem(self, grid: "StageGrid") -> str | None:
         """Why this tiling cannot compute the attention stage, or None."""
         t, st = grid.tiles, grid.stage
@@ -238,7 +249,8 @@ class AttentionKind(StageKind):
     def template_constants(self, stage: AttentionStage) -> dict[str, object]:
         """What the kernel template reads of the stage besides the tiling."""
         return {"tokens": stage.tokens, "cache": stage.cache, "heads": stage.heads, "group": stage.group,
-                "head_dim": stage.head_dim, "scale_log2": repr(stage.scale * math.log2(math.e))}
+                "head_dim": stage.head_dim, "scale_log2": repr(stage.scale * math.log2(math.e)),
+                "cache_rows": stage.cache_rows, "append": stage.append}
 
     def reference(self, xp, qkv, cache, stage: AttentionStage):
         """float32 attention output ``[tokens, heads*D]`` from the QKV output and the cache, for arrays
@@ -246,9 +258,22 @@ class AttentionKind(StageKind):
         return _attend(xp, qkv.astype(xp.float32), cache.astype(xp.float32), stage, xp.float32)
 
     def b_operand(self, stage: AttentionStage) -> tuple[tuple[int, int], float]:
-        """The KV cache in the weights' place: ``[kv_heads * 2 * cache, D]`` (keys then values per KV
-        head), and the scale of random test entries (like the projection's outputs)."""
-        return (stage.kv_heads * 2 * stage.cache, stage.head_dim), 1.0
+        """The KV cache in the weights' place: ``[kv_heads * 2 * cache_rows, D]`` (keys then values per KV
+        head; where the stage appends, room for the new tokens after the cache), and the scale of random
+        test entries (like the projection's outputs)."""
+        return (stage.kv_heads * 2 * stage.cache_rows, stage.head_dim), 1.0
+
+    def b_written(self, xp, w, stage: AttentionStage):
+        """The rows of the cache the stage writes, ``[kv_heads, 2, tokens, D]``: the new tokens' keys and
+        values after the cache (None where it does not append)."""
+        if not stage.append:
+            return None
+        return w.reshape(stage.kv_heads, 2, stage.cache_rows, stage.head_dim)[:, :, stage.cache:]
+
+    def b_expected(self, xp, qkv, stage: AttentionStage):
+        """What :meth:`b_written` must hold after a run, from the QKV output (float32)."""
+        parts = qkv.reshape(stage.tokens, stage.kv_heads, stage.group + 2, stage.head_dim)
+        return parts[:, :, stage.group:].transpose(1, 2, 0, 3)
 
     def block_work(self, grid: "StageGrid") -> tuple[int, int, int]:
         """For the cost model: bytes one block reads (its queries, the keys and values of its split), FLOPs
@@ -259,12 +284,15 @@ class AttentionKind(StageKind):
 
     def cupy_stage(self, cp, qkv, cache, stage: AttentionStage):
         """Attention as a CuPy user writes it: batched cuBLAS products per KV head, the causal mask,
-        a float32 softmax, fp16 weights times the values."""
+        a float32 softmax, fp16 weights times the values; the new keys and values copied into the cache
+        first where the stage appends."""
+        if stage.append:
+            self.b_written(cp, cache, stage)[...] = self.b_expected(cp, qkv, stage)
         return _attend(cp, qkv, cache, stage, cp.float16)
 
     def torch_weight(self, torch, w, stage: AttentionStage):
-        """The cache as a PyTorch model holds it: ``[kv_heads, 2, cache, D]``."""
-        return w.view(stage.kv_heads, 2, stage.cache, stage.head_dim)
+        """The cache as a PyTorch model holds it: ``[kv_heads, 2, cache_rows, D]``."""
+        return w.view(stage.kv_heads, 2, stage.cache_rows, stage.head_dim)
 
     def torch_stage(self, F, h, w, stage: AttentionStage):
         """Attention in PyTorch: ``scaled_dot_product_attention`` over the cache and the new tokens,
@@ -275,8 +303,12 @@ class AttentionKind(StageKind):
         b, d, g, kvh = stage.tokens, stage.head_dim, stage.group, stage.kv_heads
         parts = h.view(b, kvh, g + 2, d)
         q = parts[:, :, :g].reshape(b, stage.heads, d).transpose(0, 1)[None]  # [1, heads, tokens, D]
-        k = torch.cat([w[:, 0], parts[:, :, g].transpose(0, 1)], dim=1)[None]  # [1, kv_heads, keys, D]
-        v = torch.cat([w[:, 1], parts[:, :, g + 1].transpose(0, 1)], dim=1)[None]
+        if stage.append:  # as a static cache takes the new tokens, then attention reads it whole
+            w[:, :, stage.cache:] = parts[:, :, g:].permute(1, 2, 0, 3)
+            k, v = w[None, :, 0], w[None, :, 1]
+        else:
+            k = torch.cat([w[:, 0], parts[:, :, g].transpose(0, 1)], dim=1)[None]  # [1, kv_heads, keys, D]
+            v = torch.cat([w[:, 1], parts[:, :, g + 1].transpose(0, 1)], dim=1)[None]
         if stage.cache == 0:
             mask, causal = None, True
         elif b == 1:

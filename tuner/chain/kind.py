@@ -102,6 +102,10 @@ class StageKind:
         """Why this tiling cannot compute the stage, beyond the constraints every kind shares."""
         return None
 
+    def pads_rows(self, stage: Any) -> bool:
+        """Whether this stage computes fewer rows right zero-padded to its own count (``PADS_ROWS``)."""
+        return self.PADS_ROWS
+
     def heads_per_tile(self, grid: "StageGrid") -> int:
         """How many heads a tile packs side by side in its ``BN`` columns (1: the columns are columns)."""
         return 1
@@ -120,6 +124,14 @@ class StageKind:
 
     def b_operand(self, stage: Any) -> tuple[tuple[int, int], float]:
         """The second operand's shape and the scale of random test entries."""
+        raise NotImplementedError
+
+    def b_written(self, xp: Any, w: Any, stage: Any) -> Any:
+        """The part of the second operand the stage writes (an attention's cache append), or None."""
+        return None
+
+    def b_expected(self, xp: Any, a: Any, stage: Any) -> Any:
+        """What :meth:`b_written` holds after a run, in float32, from the stage's float32 input ``a``."""
         raise NotImplementedError
 
     def block_work(self, grid: "StageGrid") -> tuple[int, int, int]:

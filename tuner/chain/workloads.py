@@ -218,12 +218,13 @@ def _attention_layer(p: Mapping[str, int]) -> tuple[GemmStage | AttentionStage, 
 
 def _decoder_layer(norm: str, epilogue: str, up: int, rotary: bool) -> Callable[[Mapping[str, int]], tuple[Stage, ...]]:
     """A pre-norm decoder layer: the norm folded into the QKV GEMM (with rotary embeddings of the queries and
-    keys in its epilogue where ``rotary``), causal attention over the cache and the new tokens, the output GEMM plus the layer's input, the norm folded into the MLP's first GEMM (``up``
+    keys in its epilogue where ``rotary``), causal attention over the cache and the new tokens (which it
+    appends to the cache), the output GEMM plus the layer's input, the norm folded into the MLP's first GEMM (``up``
     projections of ``ffn`` interleaved, then ``epilogue``), the second GEMM plus the attention block's
     output (stage 2's)."""
     def build(p: Mapping[str, int]) -> tuple[Stage, ...]:
         m, h, heads, kv, d, f = p["tokens"], p["hidden"], p["heads"], p["kv_heads"], p["head_dim"], p["ffn"]
-        attn = AttentionStage("attn", m, p["cache"], heads, kv, d, a_from=0)
+        attn = AttentionStage("attn", m, p["cache"], heads, kv, d, a_from=0, append=True)
         rot = Rope(d, heads // kv, p["cache"]) if rotary else None
         return (GemmStage("qkv", m, attn.qkv_cols, h, "none", norm=norm, rope=rot), attn,
                 GemmStage("out", m, h, heads * d, "none", a_from=1, residual=residual.INPUT),
@@ -236,8 +237,8 @@ def _layer(name: str, model: str, heads_doc: str, norm: str, mlp: str, defaults:
            build: Callable[[Mapping[str, int]], tuple[Stage, ...]], rotary: bool) -> "Workload":
     return Workload(name, f"{model} decoder layer, 8-way tensor parallel ({heads_doc}): {norm} folded into the QKV "
                     f"GEMM{' (rotary embeddings in its epilogue)' if rotary else ''}, causal attention over a KV cache, output GEMM plus the input, {norm} folded into the "
-                    f"{mlp}, down GEMM plus the attention block's output, fp16; the KV cache append is not in "
-                    f"the chain yet", "tokens", (1, 4, 16), {"cache": 1024, **defaults, "head_dim": 128},
+                    f"{mlp}, down GEMM plus the attention block's output, fp16; attention appends the new "
+                    f"keys and values to the cache", "tokens", (1, 4, 16), {"cache": 1024, **defaults, "head_dim": 128},
                     build, _LAYER_SIZES, builtin=_ATTN_REGIMES)
 
 

@@ -45,6 +45,13 @@ Modelling choices, where the hardware leaves room:
 * Blocks of one consumer class (same tile row ``m`` and split ``s``) issue the same
   waits, so the simulation tracks the progress of a class, not of each block. When
   a class passes a wait early, any of its blocks resident at that moment would.
+* A normed consumer's block issues the waits of all its tile's chunks before its first
+  (tuner.chain.norm); the simulation keeps them in chunk order. That is no new way to
+  deadlock: in every launch a sync policy runs in, each producer block has started (or
+  holds its ticket) before any consumer block can wait, so every wait is on tiles that run.
+  Their soundness is checked exhaustively (``check_norm_rows``).
+* A residual read from an earlier stage has no waits of its own: it is checked statically
+  (``check_residual``), from the index maps, never simulated.
 """
 from __future__ import annotations
 

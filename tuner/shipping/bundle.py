@@ -55,7 +55,7 @@ def manifest(chain: Any, config: Config, device: dict[str, Any], time_us: float 
         "time_us": time_us, "replayed": replayed, "synthetic": synthetic, "source_hash": rendered.hash,
         "args": ARGS, "device_epoch": rendered.device_epoch, "buffers": buffers, "output": f"y{len(chain.stages) - 1}",
         # Whether fewer rows can run zero-padded to these: each stage kind says (see PADS_ROWS).
-        "pads_rows": all(kind_of(st).PADS_ROWS for st in chain.stages),
+        "pads_rows": all(kind_of(st).pads_rows(st) for st in chain.stages),
         "state_words": rendered.state_words, "ws_floats": rendered.ws_floats, "err_word": rendered.err_word,
         "launches": [asdict(l) for l in rendered.launches],  # read back as render.Launch, TensorMap
         "tensor_maps": [asdict(t) for t in rendered.tensor_maps],

@@ -68,6 +68,7 @@ RING_TOP = 2  # fastest probed tilings per stage whose ring variants (ring_varia
 # tokens it had two variants of the best shape timed that both missed the faster depth
 LIVE_KIND = 1.10  # an instruction whose probe's best is within this of the best probe gets more shapes
 TOP_PER_STAGE = 3  # fastest tilings per stage that the chain pass pairs
+FIT_PAIRINGS = 256  # pairings, fastest first, searched for one a sync choice accepts where the fastest breaks it
 ALT_COMBOS = 2  # sync choices, the best for the fastest pairing, under which its instruction swaps are tried
 CLUSTER_TOP = 3  # fastest tilings per stage tried again in clusters
 CLUSTERS = ((2, 1), (1, 2))
@@ -322,8 +323,14 @@ class Staged(Strategy):
                           [c for c in served if self.ctx.usable(Config(alt, *c))][:ALT_COMBOS])
             # The order a policy prefers is a rule of thumb; the fastest pairing tries the others.
             flipped = batch(Config(best, *o) for c in combos for o in other_orders(c))
+            # A sync choice the fastest pairing breaks (a policy's constraint on one of its boundaries)
+            # gets the fastest pairing it accepts: with a boundary per stage the product of the
+            # stages' tops grows as TOP_PER_STAGE^stages, and its first usable entry may lie past the cap.
+            fitted = batch(next((Config(tuple(t), *c) for t in pairings[1:FIT_PAIRINGS]
+                                 if self.ctx.usable(Config(tuple(t), *c))), Config(best, *c))
+                           for c in combos if not self.ctx.usable(Config(best, *c)))
             rest = batch(Config(tuple(tiles), *c) for tiles in pairings[1:] for c in combos)
-            yield [Proposal(c, "chain pass") for c in swaps + flipped + rest]
+            yield [Proposal(c, "chain pass") for c in swaps + flipped + fitted + rest]
 
     def _neighbours(self, parent: Config) -> Iterable[Config]:
         for j, t in enumerate(parent.tiles):
