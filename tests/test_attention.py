@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tuner.checker as checker
-from tuner.backends.base import Backend, DeviceInfo, Measurement
+from tuner.backends.base import DeviceInfo
 from tuner.chain import attention
 from tuner.chain.expr import Expr
 from tuner.chain.kinds import KINDS

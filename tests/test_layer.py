@@ -17,6 +17,7 @@ from tuner.chain.workloads import Chain, get_workload
 from tuner.checker import check, clear_caches
 from tuner.checker import soundness
 from tuner.search.cases import coverage
+from kernel_checks import gpu_failures
 
 LAYER = get_workload("llama-layer").chain(tokens=4, cache=256, hidden=1024, ffn=512)
 GPT = get_workload("gpt3-layer").chain(tokens=4, cache=256, hidden=1024, ffn=512, heads=2, kv_heads=2)
@@ -103,18 +104,7 @@ def test_the_staged_search_tunes_a_layer_end_to_end(tmp_path):
 
 @pytest.mark.gpu
 def test_every_hand_picked_layer_config_is_correct():
-    from tuner.backends.gpu import GpuBackend
-
-    backend = GpuBackend(warmup=1, reps=3)
-    failures = []
-    try:
-        for chain in (LAYER, GPT):
-            cfgs = [c for mma in MMAS for c in coverage(chain, mma)]
-            list(backend.prepare([(chain, c) for c in cfgs]))
-            failures += [f"{chain.workload} {c.short()}: {m.reason}: {m.message}" for c in cfgs
-                         if not (m := backend.measure(chain, c)).ok]
-    finally:
-        backend.close()
+    failures = gpu_failures([(chain, c) for chain in (LAYER, GPT) for mma in MMAS for c in coverage(chain, mma)])
     assert not failures, "\n".join(failures)
 
 
