@@ -11,7 +11,7 @@ import math
 from functools import lru_cache
 from pathlib import Path
 
-from ..chain import residual
+from ..chain import norm, residual
 from ..chain.kinds import kind_of
 from ..chain.tiling import WG_OVERHEAD_REGS, StageGrid, StageTiles, even_share
 from ..device import DeviceInfo
@@ -21,6 +21,7 @@ REGS_PER_SM = 65536
 LATENCY_S = 2.0e-6  # DRAM round trip under load: bytes in flight per block / this caps its read rate
 RATES = {"sync": 300e12, "wgmma": 650e12, "wgmma_tma": 650e12, "wgmma_tma_t": 650e12}  # fp16 tensor-core FLOP/s each instruction reaches (H200, measured)
 BANDWIDTH = 3.8e12  # B/s, what a 300 MB weight read reaches on the H200 (measured)
+L2_BANDWIDTH = 3 * BANDWIDTH  # B/s, reads that hit L2 (a normed tile's second read of its rows): a rough figure
 FIT_FILE = Path(__file__).with_name("cost_fit.json")  # written by benchmarks/fit_cost_model.py
 
 
@@ -66,6 +67,8 @@ def stage_seconds(g: StageGrid, device: DeviceInfo, bandwidth: float = BANDWIDTH
         total += 2 * t.split_k * st.m * st.n * 4 / bandwidth  # partial sums written, then read back
     if residual.has(st):
         total += st.m * st.n_out * 2 / bandwidth  # the residual read beside the output
+    if norm.has(st):
+        total += g.blocks * min(t.bm, st.m) * st.k * 2 / L2_BANDWIDTH  # each block reads its rows whole again
     return total
 
 
