@@ -114,7 +114,7 @@ def written_checks(chain: Chain, x, ws, outs: list[Any]) -> list[tuple[Any, Any]
     one (an attention stage's cache append), from the reference outputs ``outs``."""
     cp = _cp()
     checks = []
-    for i, (st, w) in enumerate(zip(chain.stages, ws)):
+    for st, w in zip(chain.stages, ws):
         view = kind_of(st).b_written(cp, w, st)
         if view is not None:
             a = x.astype(cp.float32) if st.a_from is None else outs[st.a_from]

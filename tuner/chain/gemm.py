@@ -16,7 +16,6 @@ import numpy as np
 from . import norm, residual, rope
 from .expr import Expr
 from .kind import StageKind, TensorCoreStage, WorkloadError
-from .norm import NORMS
 
 if TYPE_CHECKING:
     from .tiling import StageGrid
@@ -46,8 +45,7 @@ class GemmStage(TensorCoreStage):
             # 16-byte cp.async chunks along K need K to be a multiple of 8 halves.
             raise WorkloadError(f"stage {self.name}: K={self.k} must be a multiple of 8")
         self.check_epilogue(self.name)
-        if self.norm not in NORMS:
-            raise WorkloadError(f"stage {self.name}: unknown norm {self.norm!r}; accepted: {', '.join(NORMS)}")
+        norm.check(self)
         if self.rope is not None and self.fold != 1:
             raise WorkloadError(f"stage {self.name}: a rotated stage stores each accumulator column; the "
                                 f"{self.epilogue} epilogue folds {self.fold} into one")

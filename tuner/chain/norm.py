@@ -49,12 +49,10 @@ NORMS: dict[str, Norm | None] = {
 HEADER = "norm.cuh"  # the kernels' part of the norm, pasted into a source where a stage has one
 
 
-def get_norm(name: str) -> Norm | None:
-    """The norm called ``name`` (None for ``none``); a WorkloadError lists the accepted names."""
-    try:
-        return NORMS[name]
-    except KeyError:
-        raise WorkloadError(f"unknown norm {name!r}; accepted: {', '.join(NORMS)}") from None
+def check(stage: Any) -> None:
+    """Refuse, in one line, a stage whose norm is none of :data:`NORMS`."""
+    if stage.norm not in NORMS:
+        raise WorkloadError(f"stage {stage.name}: unknown norm {stage.norm!r}; accepted: {', '.join(NORMS)}")
 
 
 def of(stage: Any) -> Norm | None:
