@@ -201,6 +201,9 @@ def tuned_step(layer, shape: "LayerShape", bundles: list, x, pos, cache: int):
                            layer.down.weight, layer.norm1.weight, layer.norm2.weight, layer.k_cache[0, :, :cache],
                            layer.v_cache[0, :, :cache], w_gate=layer.gate.weight if shape.llama else None)
         ws = [w.to(torch.float16).contiguous() for w in ws]
+    # A decode layer reads the cache's length at run time (its room is this size's cache): as a model's
+    # cache_position, one int32 on the GPU.
+    lens = {"cache_len": torch.tensor([cache], dtype=torch.int32, device=x.device)} if cache else {}
     for path in bundles:
         run = runtime.load(path)
         try:
@@ -209,7 +212,7 @@ def tuned_step(layer, shape: "LayerShape", bundles: list, x, pos, cache: int):
             continue
 
         def step():
-            return run(x, *ws)
+            return run(x, *ws, **lens)
 
         def check_it() -> float:
             with torch.no_grad():

@@ -128,17 +128,17 @@ __device__ __forceinline__ void merge_row_warps(float (&acc)[T::DI][4], SoftmaxR
 }
 
 // Where key `key` of KV head `kvh` lives: the cache (CROWS rows per KV head and part) for keys
-// before CACHE, the QKV projection's output for the new tokens after it; `part` 0 = keys, 1 =
+// before cache_len, the QKV projection's output for the new tokens after it; `part` 0 = keys, 1 =
 // values. ok is false past `last_key`, the tile's last query's own: those rows read as zeros,
 // since under tile synchronization the producer may not have written them (and a masked score's
 // zero weight times NaN is NaN).
-template <int TOKENS, int CACHE, int CROWS, int QKVW, int D>
+template <int CROWS, int QKVW, int D>
 __device__ __forceinline__ const half_t* kv_row(const half_t* qkv, const half_t* cache, int kvh, int kv_col,
-                                                int part, int key, int last_key, bool& ok) {
+                                                int part, int key, int last_key, int cache_len, bool& ok) {
   ok = key <= last_key;
   if (!ok) return qkv;
-  if (key < CACHE) return cache + ((size_t)(kvh * 2 + part) * CROWS + key) * D;
-  return qkv + (size_t)(key - CACHE) * QKVW + kv_col + part * D;
+  if (key < cache_len) return cache + ((size_t)(kvh * 2 + part) * CROWS + key) * D;
+  return qkv + (size_t)(key - cache_len) * QKVW + kv_col + part * D;
 }
 
 // The token of query row r of a tile whose first token is m0.
@@ -149,18 +149,20 @@ __device__ __forceinline__ int row_token(int m0, int r) { return m0 + r / T::P; 
 // warp of each warp row (T::part() == 0) on return. Chunks past the tile's last query are skipped
 // (causal), so a split may compute nothing: max = -inf, sum = 0. `wait(kc, first)` runs in every
 // thread before chunk kc's keys and values (and, on the first, the queries) are copied.
+// `cache_len`: the cached tokens of this run, CACHE where it is compiled in, else read at run time
+// (at most CACHE, the room the kernel was compiled for).
 template <class T, int TOKENS, int CACHE, int CROWS, int HEADS, int G, class Wait>
 __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], SoftmaxRows& sm,
                                                    const half_t* __restrict__ qkv, const half_t* __restrict__ cache,
                                                    int m0, int n, int kc_begin, int kc_end, half_t* smem,
-                                                   Wait wait, float scale_log2) {
+                                                   Wait wait, float scale_log2, int cache_len) {
   constexpr int D = T::D, QKVW = (HEADS + 2 * (HEADS / G)) * D, GROUP_W = (G + 2) * D;
   constexpr int CPR = D / 8;  // 16-byte pieces per row
   static_assert(G % T::P == 0, "a tile's heads share one KV head");
   const int head0 = n * T::P, kvh = head0 / G;
   const int q_col = kvh * GROUP_W + (head0 % G) * D, kv_col = kvh * GROUP_W + G * D;
   const int lane = threadIdx.x % 32, wrow = T::row(), wkeys = T::part() * T::KW;
-  const int last_key = CACHE + min(m0 + T::BM, TOKENS) - 1;
+  const int last_key = cache_len + min(m0 + T::BM, TOKENS) - 1;
   kc_end = min(kc_end, last_key / T::BK + 1);
   const int nk = kc_end - kc_begin;
 
@@ -178,9 +180,9 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
     const int kc = kc_begin + it, slot = it % T::STAGES;
     for (int i = threadIdx.x; i < 2 * T::BK * CPR; i += T::THREADS) {
       const int part = i / (T::BK * CPR), r = i / CPR % T::BK, c = (i % CPR) * 8, key = kc * T::BK + r;
-      if (rows != ALL_ROWS && (key < CACHE) != (rows == CACHE_ROWS)) continue;
+      if (rows != ALL_ROWS && (key < cache_len) != (rows == CACHE_ROWS)) continue;
       bool ok;
-      const half_t* src = kv_row<TOKENS, CACHE, CROWS, QKVW, D>(qkv, cache, kvh, kv_col, part, key, last_key, ok);
+      const half_t* src = kv_row<CROWS, QKVW, D>(qkv, cache, kvh, kv_col, part, key, last_key, cache_len, ok);
       cp_async16((part ? sV : sK) + slot * T::KV_ELEMS + r * T::LDS + c, ok ? src + c : src, ok);
     }
   };
@@ -250,7 +252,7 @@ __device__ __forceinline__ void attention_mainloop(float (&acc)[T::DI][4], Softm
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = key0 + j * 8 + (lane % 4) * 2 + (e & 1);
-        s[j][e] = key <= CACHE + q_tok[e >= 2] ? s[j][e] * scale_log2 : neg_inf();
+        s[j][e] = key <= cache_len + q_tok[e >= 2] ? s[j][e] * scale_log2 : neg_inf();
         mx[e >= 2] = fmaxf(mx[e >= 2], s[j][e]);
       }
 #pragma unroll
@@ -344,12 +346,12 @@ __device__ __forceinline__ void attention_store(const float (&acc)[T::DI][4], co
 }
 
 // The cache append (AttentionStage.append): the first tile of each KV head's group writes its
-// tokens' new keys and values from the QKV projection's output into the cache's rows CACHE on,
+// tokens' new keys and values from the QKV projection's output into the cache's rows cache_len on,
 // once the tile has read them (its waits, every split's, cover them), 16 bytes a thread a step,
 // read through L2 (another block of this launch wrote them). Attention reads only the rows before
-// CACHE, so no tile of this run or the next reads what it writes.
-template <class T, int TOKENS, int CACHE, int CROWS, int HEADS, int G>
-__device__ __forceinline__ void append_kv(const half_t* __restrict__ qkv, half_t* cache, int m0, int n) {
+// cache_len, so no tile of this run reads what it writes (the next run, after it, reads them).
+template <class T, int TOKENS, int CROWS, int HEADS, int G>
+__device__ __forceinline__ void append_kv(const half_t* __restrict__ qkv, half_t* cache, int m0, int n, int cache_len) {
   constexpr int D = T::D, QKVW = (HEADS + 2 * (HEADS / G)) * D, CPR = D / 8;
   const int head0 = n * T::P, kvh = head0 / G, kv_col = kvh * (G + 2) * D + G * D;
   if (head0 % G) return;
@@ -359,6 +361,6 @@ __device__ __forceinline__ void append_kv(const half_t* __restrict__ qkv, half_t
     u32 v[4];
     asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "l"(qkv + (size_t)tok * QKVW + kv_col + part * D + c));
-    *reinterpret_cast<uint4*>(cache + ((size_t)(kvh * 2 + part) * CROWS + CACHE + tok) * D + c) = make_uint4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<uint4*>(cache + ((size_t)(kvh * 2 + part) * CROWS + cache_len + tok) * D + c) = make_uint4(v[0], v[1], v[2], v[3]);
   }
 }

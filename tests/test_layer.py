@@ -135,7 +135,7 @@ def test_what_the_append_writes_is_each_groups_new_keys_and_values():
 def test_only_the_layers_attention_appends(mma):
     source = render(LAYER, coverage(LAYER, mma)[0]).source
     stage1 = source[source.index("// ---- stage 1"):source.index("// ---- stage 2")]
-    assert "append_kv<T, TOKENS, CACHE, CROWS, HEADS, G>(A, const_cast<half_t*>(B), m0, n);" in stage1
+    assert "append_kv<T, TOKENS, CROWS, HEADS, G>(A, const_cast<half_t*>(B), m0, n, cache_len);" in stage1
     assert source.count("  append_kv<") == 1
     attn_only = get_workload("llama-attn").chain(tokens=4)
     assert "  append_kv<" not in render(attn_only, coverage(attn_only, mma)[0]).source

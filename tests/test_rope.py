@@ -73,6 +73,8 @@ def test_a_rotated_stage_is_not_transposed():
 def test_only_the_qkv_stage_rotates(mma):
     source = render(LAYER, coverage(LAYER, mma)[0]).source
     first, rest = source[:source.index("// ---- stage 1")], source[source.index("// ---- stage 1"):]
-    assert "rope_pair<128, 8, 256>(" in first and "rope_pair<" not in rest
+    # at the cache's run-time length (the layer decodes: tuner.chain.length), clamped to its room of 256
+    assert "rope_pair<128, 8>(" in first and ", cache_len, " in first and "rope_pair<" not in rest
+    assert "const int cache_len = max(min(__ldg(lens), 256), 0);" in first
     plain = get_workload("gpt3-layer").chain(tokens=4, cache=256, hidden=1024, ffn=512, heads=2, kv_heads=2)
     assert "rope_pair" not in render(plain, coverage(plain, mma)[0]).source  # nor is the header pasted

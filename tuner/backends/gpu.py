@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import random
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from statistics import median
 from typing import Any, Callable, Iterator, Sequence
 
 from ..chain.epilogues import get_epilogue
-from ..chain import norm, residual
+from ..chain import length, norm, residual
 from ..chain.kinds import kind_of
 from ..chain.workloads import Chain
 from ..codegen.render import Launch, Rendered, render
@@ -61,6 +62,7 @@ class Problem:
     xs: list[Any]
     ws: list[list[Any]]  # per input set, per stage
     ys: list[Any]  # per stage outputs (shared by all sets)
+    lens: Any = None  # the cache's run-time length (int32 [1]) where the chain reads one (tuner.chain.length)
 
     @classmethod
     def allocate(cls, chain: Chain, l2_bytes: int, seed: int) -> "Problem":
@@ -74,7 +76,8 @@ class Problem:
         ws = [[norm.folded_test_weights(cp, _rand(rng, *kind_of(s).b_operand(s)), s) for s in chain.stages]
               for _ in range(sets)]
         ys = [cp.empty((s.m, s.n_out), dtype=cp.float16) for s in chain.stages]
-        return cls(chain, xs, ws, ys)
+        room = length.of(chain)
+        return cls(chain, xs, ws, ys, None if room is None else cp.full(1, room, dtype=cp.int32))
 
     def refresh(self, seed: int) -> None:
         """Draw fresh random inputs into set 0 (verification never reuses a previous draw)."""
@@ -97,9 +100,11 @@ def reference(chain: Chain, x, ws) -> Any:
     return reference_outputs(chain, x, ws)[-1]
 
 
-def reference_outputs(chain: Chain, x, ws, xp: Any = None) -> list[Any]:
-    """Float32 reference of each stage's output, in order, for arrays of module ``xp`` (default CuPy)."""
+def reference_outputs(chain: Chain, x, ws, xp: Any = None, cache_len: int | None = None) -> list[Any]:
+    """Float32 reference of each stage's output, in order, for arrays of module ``xp`` (default CuPy);
+    ``cache_len``: the run-time cache length of a chain that reads one (None: its room)."""
     xp = _cp() if xp is None else xp
+    chain = length.at(chain, cache_len)
     a, outs = x.astype(xp.float32), []
     for st, w in zip(chain.stages, ws):
         a = get_epilogue(st.epilogue).reference(xp, kind_of(st).reference(xp, a, w.astype(xp.float32), st))
@@ -109,10 +114,11 @@ def reference_outputs(chain: Chain, x, ws, xp: Any = None) -> list[Any]:
     return outs
 
 
-def written_checks(chain: Chain, x, ws, outs: list[Any]) -> list[tuple[Any, Any]]:
+def written_checks(chain: Chain, x, ws, outs: list[Any], cache_len: int | None = None) -> list[tuple[Any, Any]]:
     """(what a stage writes into its second operand, its float32 reference) for each stage that writes
     one (an attention stage's cache append), from the reference outputs ``outs``."""
     cp = _cp()
+    chain = length.at(chain, cache_len)
     checks = []
     for st, w in zip(chain.stages, ws):
         view = kind_of(st).b_written(cp, w, st)
@@ -254,7 +260,8 @@ class Runner:
         out: list[Any] = [b["x"]]
         for i in range(len(self.problem.ys)):
             out += [b[f"w{i}"], b[f"y{i}"]]
-        return (*out, self.wsbuf, self.state, cp.uint32(self.epoch), self.tmaps[s])
+        lens = () if self.r.room is None else (self.problem.lens,)
+        return (*out, self.wsbuf, self.state, cp.uint32(self.epoch), self.tmaps[s], *lens)
 
     def enqueue(self, s: int = 0) -> None:
         """Enqueue one run of the chain on stream 0 (stream 1 forks from and joins into it)."""
@@ -414,18 +421,38 @@ class GpuBackend(Backend):
         return runner, Measurement(ok=True, **base)
 
     def verify(self, chain: Chain, runner: Runner) -> tuple[float, str | None]:
-        """Fresh inputs, poisoned outputs, one run; returns (error, failure reason or None)."""
-        cp = _cp()
+        """Fresh inputs, poisoned outputs, one run; returns (error, failure reason or None). A chain
+        that reads the cache's length at run time runs twice: at a random length below its room, then
+        at its room (what is timed), the cache past the length poisoned too, so a read beyond it shows."""
         p = runner.problem
         self._draws += 1
         p.refresh(self.seed * 1000003 + self._draws)
-        outs = reference_outputs(chain, p.xs[0], p.ws[0])
+        room = length.of(chain)
+        lengths = [None] if room is None else [random.Random(self.seed * 7919 + self._draws).randrange(room), room]
+        caches = [(w, w.copy()) for st, w in zip(chain.stages, p.ws[0]) if getattr(st, "dynamic", False)]
+        for cache_len in lengths:
+            for w, drawn in caches:  # each run starts from the drawn cache (the one before poisoned it)
+                w[...] = drawn
+            err, why = self._verify_once(chain, runner, cache_len)
+            if why:
+                return err, why
+        return err, None
+
+    def _verify_once(self, chain: Chain, runner: Runner, cache_len: int | None) -> tuple[float, str | None]:
+        cp = _cp()
+        p = runner.problem
+        outs = reference_outputs(chain, p.xs[0], p.ws[0], cache_len=cache_len)
         ref = outs[-1]
-        written = written_checks(chain, p.xs[0], p.ws[0], outs)
+        written = written_checks(chain, p.xs[0], p.ws[0], outs, cache_len)
         for y in p.ys:
             y.view(cp.uint16).fill(POISON)
         for view, _ in written:  # what a stage writes besides its output (a cache append), poisoned too
             view[...] = cp.nan
+        if cache_len is not None:
+            p.lens.fill(cache_len)
+            for st, w in zip(chain.stages, p.ws[0]):  # and the room past this run's length: never read
+                if getattr(st, "dynamic", False):
+                    w.reshape(st.kv_heads, 2, st.cache_rows, st.head_dim)[:, :, cache_len:] = cp.nan
         # Fresh inputs, reference and poison were queued on the default stream; the chain runs on
         # its own non-blocking streams, which do not wait for it.
         cp.cuda.Device().synchronize()

@@ -22,11 +22,16 @@ tokens, the ``P*D`` query columns of its heads) on a split's first chunk, then p
 and values of that chunk's new tokens (the ``2*D`` key and value columns of its heads' group).
 Both depend on the tile's heads, its column ``n2``: the waits are per tile, not per tile row.
 Keys past a tile's last query (the causal mask) are never read.
+
+Run-time length (``dynamic``): the kernel reads the cache's length from a kernel argument (at most
+``cache``, the room its buffer has), so one compiled chain serves every step of a decode loop; the
+new tokens' rotation (:mod:`tuner.chain.rope`) and the cache append read it too. Its waits hold for
+every length: a split waits for its tokens' new keys and values before its first chunk.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -56,6 +61,11 @@ class AttentionStage(TensorCoreStage):
     a_from: int | None = None  # the QKV projection
     epilogue: str = "none"  # the softmax's normalization is the kind's own
     append: bool = False  # writes the new tokens' keys and values into the cache after its own
+    # The cache's length is a kernel argument, read at run time (at most ``cache``, the buffer's
+    # room): one kernel serves a whole decode loop. Its waits cannot depend on which chunk holds the
+    # new tokens, so each split waits, before its first chunk, for its rows' new keys and values too.
+    dynamic: bool = False
+    rows: int | None = None  # rows per KV head and part of the cache buffer, where not cache_rows' own
 
     def __post_init__(self) -> None:
         if min(self.tokens, self.heads, self.kv_heads) < 1 or self.cache < 0:
@@ -67,12 +77,23 @@ class AttentionStage(TensorCoreStage):
         if self.head_dim not in HEAD_DIMS:
             raise WorkloadError(f"stage {self.name}: head size {self.head_dim}; accepted: "
                                 f"{', '.join(map(str, HEAD_DIMS))}")
+        if self.dynamic and self.cache < 1:
+            raise WorkloadError(f"stage {self.name}: a cache length read at run time needs a cache (its room) "
+                                f"of at least 1 token, got {self.cache}")
         self.check_epilogue(self.name)
 
     @property
     def cache_rows(self) -> int:
         """Rows of the cache buffer per KV head and part: room for the new tokens where it appends them."""
-        return self.cache + (self.tokens if self.append else 0)
+        return self.rows if self.rows is not None else self.cache + (self.tokens if self.append else 0)
+
+    def at_length(self, length: int) -> "AttentionStage":
+        """The stage as one run of a dynamic stage computes it: ``length`` cached tokens (at most
+        ``cache``), in the same buffer."""
+        if not self.dynamic or not 0 <= length <= self.cache:
+            raise WorkloadError(f"stage {self.name}: a run-time length needs a dynamic stage and 0..{self.cache} "
+                                f"tokens, got {length}" + ("" if self.dynamic else " (the stage is not dynamic)"))
+        return replace(self, cache=length, rows=self.cache_rows, dynamic=False)
 
     @property
     def group(self) -> int:
@@ -139,6 +160,13 @@ KEYS_VALUES: dict[str, Expr] = {
     "A_COL": Expr(f"{_GROUP_COL} + G2 * D2"), "A_COL_HI": Expr(f"{_GROUP_COL} + G2 * D2 + 2 * D2 - 1"),
     "A_TILE_LO": Expr("0"), "A_TILE_HI": Expr("min(m2 * BM2 + BM2, M2) - 1"),
 }
+# A dynamic stage's (its cache length read at run time): which chunk holds the new tokens is not
+# known when the waits are compiled, so a split waits once, before its first chunk, for the new
+# keys and values of every token its queries see (tokens 0 to its last), whichever chunk reads them.
+KEYS_VALUES_UP_FRONT: dict[str, Expr] = {
+    **KEYS_VALUES, "A_ANY": Expr(f"first and {_IN_MASK}"), "A_FRESH": Expr("0"),
+    "A_ROW_LO": Expr("0"), "A_ROW_HI": Expr("min(m2 * BM2 + BM2, M2) - 1"),
+}
 
 
 def heads_per_tile(grid: "StageGrid") -> int:
@@ -193,6 +221,10 @@ class AttentionKind(StageKind):
 
     def heads_per_tile(self, grid: "StageGrid") -> int:
         return heads_per_tile(grid)
+
+    def regions(self, stage: AttentionStage) -> tuple[dict[str, Expr], ...]:
+        """Queries, then keys and values chunk by chunk; a dynamic stage's keys and values up front."""
+        return (QUERIES, KEYS_VALUES_UP_FRONT) if stage.dynamic else self.REGIONS
 
     def case_tiles(self, stage: AttentionStage, shared: "StageTiles", pack: bool) -> "StageTiles":
         """16 query rows per row of warps (four rows past 64 tokens), a whole head per tile, or as
@@ -250,7 +282,7 @@ class AttentionKind(StageKind):
         """What the kernel template reads of the stage besides the tiling."""
         return {"tokens": stage.tokens, "cache": stage.cache, "heads": stage.heads, "group": stage.group,
                 "head_dim": stage.head_dim, "scale_log2": repr(stage.scale * math.log2(math.e)),
-                "cache_rows": stage.cache_rows, "append": stage.append}
+                "cache_rows": stage.cache_rows, "append": stage.append, "dynamic": stage.dynamic}
 
     def reference(self, xp, qkv, cache, stage: AttentionStage):
         """float32 attention output ``[tokens, heads*D]`` from the QKV output and the cache, for arrays
@@ -268,7 +300,7 @@ class AttentionKind(StageKind):
         values after the cache (None where it does not append)."""
         if not stage.append:
             return None
-        return w.reshape(stage.kv_heads, 2, stage.cache_rows, stage.head_dim)[:, :, stage.cache:]
+        return w.reshape(stage.kv_heads, 2, stage.cache_rows, stage.head_dim)[:, :, stage.cache:stage.k]
 
     def b_expected(self, xp, qkv, stage: AttentionStage):
         """What :meth:`b_written` must hold after a run, from the QKV output (float32)."""
@@ -304,8 +336,8 @@ class AttentionKind(StageKind):
         parts = h.view(b, kvh, g + 2, d)
         q = parts[:, :, :g].reshape(b, stage.heads, d).transpose(0, 1)[None]  # [1, heads, tokens, D]
         if stage.append:  # as a static cache takes the new tokens, then attention reads it whole
-            w[:, :, stage.cache:] = parts[:, :, g:].permute(1, 2, 0, 3)
-            k, v = w[None, :, 0], w[None, :, 1]
+            w[:, :, stage.cache:stage.k] = parts[:, :, g:].permute(1, 2, 0, 3)
+            k, v = w[None, :, 0, :stage.k], w[None, :, 1, :stage.k]
         else:
             k = torch.cat([w[:, 0], parts[:, :, g].transpose(0, 1)], dim=1)[None]  # [1, kv_heads, keys, D]
             v = torch.cat([w[:, 1], parts[:, :, g + 1].transpose(0, 1)], dim=1)[None]
@@ -340,35 +372,49 @@ class AttentionKind(StageKind):
 
     def reads(self, producer: "StageGrid", consumer: "StageGrid") -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         """The true dependencies: per consumer tile ``(m2, n2)`` (wait row ``m2 * NT + n2``), arrays
-        ``(s, m1, n1, kc)``: split ``s`` first reads producer tile ``(m1, n1)`` at chunk ``kc``."""
-        st, t = consumer.stage, consumer.tiles
-        c, d, g, p = st.cache, st.head_dim, st.group, heads_per_tile(consumer)
-        out = []
-        for m2 in range(consumer.mt):
-            q0, q1 = m2 * t.bm, min(m2 * t.bm + t.bm, st.m)
-            last_key = c + q1 - 1
-            for n2 in range(consumer.nt):
-                h0 = n2 * p
-                base = h0 // g * (g + 2) * d
-                q_cols, kv_cols = (base + h0 % g * d, base + h0 % g * d + p * d), (base + g * d, base + g * d + 2 * d)
-                seen: dict[tuple[int, int, int], int] = {}
-                for s in range(t.split_k):
-                    for kc in consumer.split_chunks(s):
-                        k0 = kc * t.bk
-                        if k0 > last_key:
-                            break
-                        regions = [((q0, q1), q_cols)] if kc == consumer.split_chunks(s).start else []
-                        if k0 + t.bk > c:
-                            regions.append(((max(k0, c) - c, min(k0 + t.bk - 1, last_key) - c + 1), kv_cols))
-                        for rows, cols in regions:
-                            for m1, n1 in zip(*_producer_tiles(producer, rows, cols)):
-                                seen.setdefault((s, int(m1), int(n1)), kc)
-                keys = list(seen)
-                out.append(tuple(np.array([k[j] for k in keys] if keys else [], dtype=np.int64) for j in range(3))
-                           + (np.array(list(seen.values()), dtype=np.int64),))
-        return out
+        ``(s, m1, n1, kc)``: split ``s`` first reads producer tile ``(m1, n1)`` at chunk ``kc``. A
+        dynamic stage's are those of every length up to its cache at once: any run reads the new keys
+        and values of tokens before its last query, at its first chunk or later, so they are read here
+        at the first."""
+        return reads_at(producer, consumer, consumer.stage.cache, consumer.stage.dynamic)
 
     def chunk_columns(self, consumer: "StageGrid", kc: int) -> str:
         """Which part of the reduction chunk ``kc`` loads, for messages."""
         st, bk = consumer.stage, consumer.tiles.bk
         return f"keys {kc * bk}..{min(kc * bk + bk, st.k) - 1}"
+
+
+def reads_at(producer: "StageGrid", consumer: "StageGrid", cache: int, up_front: bool
+             ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """:meth:`AttentionKind.reads` of the consumer's tiling run at ``cache`` cached tokens (a dynamic
+    stage's run below its room keeps the room's chunks and splits); ``up_front``: each split reads
+    its tokens' new keys and values at its first chunk, as a dynamic stage's waits assume."""
+    st, t = consumer.stage, consumer.tiles
+    c, d, g, p = cache, st.head_dim, st.group, heads_per_tile(consumer)
+    out = []
+    for m2 in range(consumer.mt):
+        q0, q1 = m2 * t.bm, min(m2 * t.bm + t.bm, st.m)
+        last_key = c + q1 - 1
+        for n2 in range(consumer.nt):
+            h0 = n2 * p
+            base = h0 // g * (g + 2) * d
+            q_cols, kv_cols = (base + h0 % g * d, base + h0 % g * d + p * d), (base + g * d, base + g * d + 2 * d)
+            seen: dict[tuple[int, int, int], int] = {}
+            for s in range(t.split_k):
+                for kc in consumer.split_chunks(s):
+                    k0 = kc * t.bk
+                    if k0 > last_key:
+                        break
+                    first = kc == consumer.split_chunks(s).start
+                    regions = [((q0, q1), q_cols)] if first else []
+                    if up_front:  # the new keys and values of every token it sees
+                        regions += [((0, q1), kv_cols)] if first else []
+                    elif k0 + t.bk > c:
+                        regions.append(((max(k0, c) - c, min(k0 + t.bk - 1, last_key) - c + 1), kv_cols))
+                    for rows, cols in regions:
+                        for m1, n1 in zip(*_producer_tiles(producer, rows, cols)):
+                            seen.setdefault((s, int(m1), int(n1)), kc)
+            keys = list(seen)
+            out.append(tuple(np.array([k[j] for k in keys] if keys else [], dtype=np.int64) for j in range(3))
+                       + (np.array(list(seen.values()), dtype=np.int64),))
+    return out

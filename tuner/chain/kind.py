@@ -68,7 +68,7 @@ class StageKind:
     A kind says what differs between kinds of stage, and nothing else branches on kind:
 
     - its **index map**: which producer elements a consumer tile's K chunk reads, once as formulas
-      per region (``REGIONS``) for the sync policies and the kernels, once as arrays (:meth:`reads`)
+      per region (``REGIONS``, :meth:`regions`) for the sync policies and the kernels, once as arrays (:meth:`reads`)
       for the model checker; ``PER_COLUMN`` where they depend on the tile's column;
     - its tile in the kernel template (``TILE_TEMPLATE``, ``HEADER``, :meth:`a_arg`,
       :meth:`template_constants`, :meth:`smem_bytes`, :meth:`partial_floats`) and the tilings it
@@ -97,6 +97,10 @@ class StageKind:
     def env(self, stage: Any, idx: str) -> dict[str, int]:
         """Constants the kind's formulas read besides the tiling's, suffixed by ``idx``."""
         raise NotImplementedError
+
+    def regions(self, stage: Any) -> tuple[dict[str, "Expr"], ...]:
+        """The index map's regions for this stage (``REGIONS``, unless a stage's form reads otherwise)."""
+        return self.REGIONS
 
     def tiling_problem(self, grid: "StageGrid") -> str | None:
         """Why this tiling cannot compute the stage, beyond the constraints every kind shares."""

@@ -28,12 +28,14 @@ HEADER = "rope.cuh"  # the kernels' part, pasted into a source where a stage rot
 class Rope:
     """The rotation of a QKV GEMM's output laid out by KV head (see :mod:`tuner.chain.attention`): groups
     of ``group`` query heads, then a key head, then a value head, each ``head_dim`` columns; the new
-    tokens sit at positions ``offset``, ``offset + 1``, ... (``offset``: the cache's length)."""
+    tokens sit at positions ``offset``, ``offset + 1``, ... (``offset``: the cache's length; where
+    ``dynamic``, the length the kernels read at run time, at most ``offset``)."""
 
     head_dim: int
     group: int
     offset: int
     base: float = 10000.0
+    dynamic: bool = False  # the offset read at run time, at most ``offset`` (tuner.chain.length)
 
     def __post_init__(self) -> None:
         if self.head_dim < 2 or self.head_dim % 2 or self.group < 1 or self.offset < 0 or not self.base > 1:
@@ -135,6 +137,10 @@ def _order(n: int, r: Rope) -> list[int]:
 
 def c_pair(r: Rope, a: str, b: str, row: str, col: str, out0: str, out1: str) -> str:
     """The C statement that sets floats ``out0``, ``out1`` to the pair ``a``, ``b`` at stored ``(row, col)``
-    (``col`` even) rotated (``rope_pair`` in rope.cuh)."""
-    return (f"rope_pair<{r.head_dim}, {r.group}, {r.offset}>({a}, {b}, {row}, {col}, {math.log2(r.base)!r}f, "
+    (``col`` even) rotated (``rope_pair`` in rope.cuh); a dynamic rotation's offset is the tile's
+    run-time length (``tuner.chain.length.C_NAME``)."""
+    from .length import C_NAME  # noqa: PLC0415 - length reads this module's stages
+
+    offset = C_NAME if r.dynamic else str(r.offset)
+    return (f"rope_pair<{r.head_dim}, {r.group}>({a}, {b}, {row}, {col}, {offset}, {math.log2(r.base)!r}f, "
             f"{out0}, {out1});")

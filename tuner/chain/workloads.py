@@ -19,7 +19,7 @@ from .. import shown
 from .attention import AttentionStage
 from .conv import ConvStage
 from .gemm import GemmStage
-from . import residual
+from . import length, residual
 from .kinds import Stage, WorkloadError
 from .rope import Rope
 
@@ -62,6 +62,7 @@ class Chain:
 
     def __post_init__(self) -> None:
         residual.check(self)
+        length.of(self)  # one room for every stage that reads the run-time cache length
 
     def alone(self, j: int) -> "Chain":
         """Stage ``j`` as a chain of its own (its A operand an external input), to time it alone; a
@@ -221,11 +222,13 @@ def _decoder_layer(norm: str, epilogue: str, up: int, rotary: bool) -> Callable[
     keys in its epilogue where ``rotary``), causal attention over the cache and the new tokens (which it
     appends to the cache), the output GEMM plus the layer's input, the norm folded into the MLP's first GEMM (``up``
     projections of ``ffn`` interleaved, then ``epilogue``), the second GEMM plus the attention block's
-    output (stage 2's)."""
+    output (stage 2's). At decode sizes the cache's length is read at run time, up to ``cache``."""
     def build(p: Mapping[str, int]) -> tuple[Stage, ...]:
         m, h, heads, kv, d, f = p["tokens"], p["hidden"], p["heads"], p["kv_heads"], p["head_dim"], p["ffn"]
-        attn = AttentionStage("attn", m, p["cache"], heads, kv, d, a_from=0, append=True)
-        rot = Rope(d, heads // kv, p["cache"]) if rotary else None
+        # Decode reads the cache's length at run time (tuner.chain.length): ``cache`` is its room.
+        dyn = p["cache"] > 0
+        attn = AttentionStage("attn", m, p["cache"], heads, kv, d, a_from=0, append=True, dynamic=dyn)
+        rot = Rope(d, heads // kv, p["cache"], dynamic=dyn) if rotary else None
         return (GemmStage("qkv", m, attn.qkv_cols, h, "none", norm=norm, rope=rot), attn,
                 GemmStage("out", m, h, heads * d, "none", a_from=1, residual=residual.INPUT),
                 GemmStage("up", m, up * f, h, epilogue, a_from=2, norm=norm),
@@ -238,7 +241,7 @@ def _layer(name: str, model: str, heads_doc: str, norm: str, mlp: str, defaults:
     return Workload(name, f"{model} decoder layer, 8-way tensor parallel ({heads_doc}): {norm} folded into the QKV "
                     f"GEMM{' (rotary embeddings in its epilogue)' if rotary else ''}, causal attention over a KV cache, output GEMM plus the input, {norm} folded into the "
                     f"{mlp}, down GEMM plus the attention block's output, fp16; attention appends the new "
-                    f"keys and values to the cache", "tokens", (1, 4, 16), {"cache": 1024, **defaults, "head_dim": 128},
+                    f"keys and values to the cache; at decode the cache's length is read at run time, up to --cache", "tokens", (1, 4, 16), {"cache": 1024, **defaults, "head_dim": 128},
                     build, _LAYER_SIZES, builtin=_ATTN_REGIMES)
 
 

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import jinja2
 
-from ..chain import norm, residual, rope
+from ..chain import length, norm, residual, rope
 from ..chain.epilogues import get_epilogue
 from ..chain.expr import Expr
 from ..chain.kinds import kind_of
@@ -92,6 +92,7 @@ class Rendered:
     err_word: int
     tensor_maps: tuple[TensorMap, ...] = ()
     device_epoch: bool = False  # the kernels number their runs (graph-replayable), ignoring the epoch argument
+    room: int | None = None  # the kernels take the cache's run-time length (``lens``, after tmaps), at most this
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -259,6 +260,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
         label=chain.label, config_short=config.short(), stages=stages, launch=config.launch, device_epoch=device_epoch,
         prefetch=dict(prefetched_bytes(chain)) if config.prefetch == "l2" else {},
         dispatch=config.dispatch, fault=fault, err_word=err_word, fused_ticket=fused_ticket,
+        lens=length.of(chain) is not None,
         total_blocks=total_blocks, threads=threads,
         split_begin=_SPLIT_BEGIN_C, split_end=_SPLIT_END_C,
         headers=_headers({t.wgmma_n for t in config.tiles if t.warpgroup},
@@ -267,7 +269,7 @@ def render(chain: Chain, config: Config, fault: str = "none", device_epoch: bool
     launches = _launches(grids, stages, config, sms, total_blocks, threads)
     digest = hashlib.sha256(source.encode()).hexdigest()
     return Rendered(source, digest, launches, max(mem.words.n, 1), max(mem.ws, 1), err_word, tuple(mem.maps),
-                    device_epoch)
+                    device_epoch, length.of(chain))
 
 
 @dataclass
@@ -307,6 +309,8 @@ def _stage_entry(i: int, g: StageGrid, config: Config, sms: int, device_epoch: b
     entry["NORM_EPS"] = repr(float(norm.of(st).eps)) if entry["NORM"] else None
     entry["NORM_CENTER"] = norm.template_args(norm.of(st)) if entry["NORM"] else None
     entry["acc"] = norm.c_scale if entry["NORM"] else (lambda v, row: v)
+    # A stage that reads the cache's run-time length starts its tile with it (tuner.chain.length).
+    entry["LENS"] = length.c_prologue(st) if length.room(st) is not None else None
     entry["ROPE"] = rope.has(st)
     entry["rope"] = partial(rope.c_pair, rope.of(st)) if entry["ROPE"] else None
     entry["TMA_STORE"] = entry["staged"] and tl.stores_by_tma(entry["OW"], st.n_out, entry["RESIDUAL"])

@@ -9,7 +9,8 @@ kernels' argument order. ``index.json`` lists the entries. :mod:`tuner.shipping.
 Every kernel of an entry takes the same arguments, in this order: ``x``, then per stage ``w<i>``
 and ``y<i>``, then ``ws`` (float32 workspace), ``state`` (u32, zeroed once, never reset),
 ``epoch`` (u32, read by no kernel of a bundle) and ``tmaps`` (the TMA descriptors, 128 bytes
-each, in device memory). A bundle's kernels number their runs themselves, in ``state``: a run
+each, in device memory); where the manifest has a ``room``, last ``lens``: the cache's length for
+this run, one int32 in device memory (at most the room; :mod:`tuner.chain.length`). A bundle's kernels number their runs themselves, in ``state``: a run
 captured once in a CUDA graph and replayed many times then waits for the right posts each
 time, where an epoch passed by the host would be frozen into the graph at its capture. ``cpp/`` holds a C++ launcher (CUDA driver API) that runs an
 entry from its ``entry.txt`` (the manifest, one fact per line) and an example that checks one.
@@ -30,7 +31,7 @@ from ..config import Config
 from ..device import DeviceInfo
 
 BUNDLE_SCHEMA = 1
-ARGS = "x, w0, y0, w1, y1, ..., ws, state, epoch, tmaps"
+ARGS = "x, w0, y0, w1, y1, ..., ws, state, epoch, tmaps[, lens]"
 CPP_FILES = ("tuner_chain.h", "tuner_chain.cpp", "example.cpp")
 
 
@@ -57,6 +58,7 @@ def manifest(chain: Any, config: Config, device: dict[str, Any], time_us: float 
         # Whether fewer rows can run zero-padded to these: each stage kind says (see PADS_ROWS).
         "pads_rows": all(kind_of(st).pads_rows(st) for st in chain.stages),
         "state_words": rendered.state_words, "ws_floats": rendered.ws_floats, "err_word": rendered.err_word,
+        "room": rendered.room,  # the kernels read the cache's length (lens) at run time, at most this; or None
         "launches": [asdict(l) for l in rendered.launches],  # read back as render.Launch, TensorMap
         "tensor_maps": [asdict(t) for t in rendered.tensor_maps],
         "files": {"source": "chain.cu", "cubin": "chain.cubin"},
@@ -85,6 +87,7 @@ def entry_text(doc: dict[str, Any], epilogues: list[str]) -> str:
     lines = [f"# {doc['label']} on {doc['device'].get('name', '?')}: read by tuner_chain.cpp",
              f"label {doc['label']}", f"time_us {doc['time_us'] or 0}", f"state_words {doc['state_words']}",
              f"ws_floats {doc['ws_floats']}", f"err_word {doc['err_word']}"]
+    lines += [f"room {doc['room']}"] if doc.get("room") is not None else []
     lines += [f"buffer {name} {rows} {cols}" for name, (rows, cols) in doc["buffers"].items()]
     lines += [f"epilogue {e}" for e in epilogues]
     lines += [f"launch {l['kernel']} {l['grid']} {l['threads']} {l['smem']} {l['stream']} {int(l.get('pdl', False))} "

@@ -58,7 +58,9 @@ def layer_weights(chain: Chain, wq: Any, wk: Any, wv: Any, wo: Any, w_up: Any, w
     """The five operands of a layer chain's stages, from a model's weights: ``wq [heads*D, hidden]``,
     ``wk``, ``wv [kv_heads*D, hidden]``, ``wo [hidden, heads*D]``, ``w_up`` (and ``w_gate`` for SwiGLU)
     ``[ffn, hidden]``, ``w_down [hidden, ffn]``, the norms' gains ``[hidden]``, and the cache's keys and
-    values ``[kv_heads, cache, D]`` (``rotate_half`` order, as the model holds them)."""
+    values ``[kv_heads, cache, D]`` (``rotate_half`` order, as the model holds them). A decode layer reads
+    the cache's length at run time (:mod:`tuner.chain.length`): ``cache`` is then the room, a static
+    cache's rows, of which a run reads those before its ``cache_len``."""
     qkv, attn, out, up, down = chain.stages
     d, g, kvh = attn.head_dim, attn.group, attn.kv_heads
     parts = []

@@ -14,6 +14,17 @@ tuned for the input's size, or, for a GEMM chain's token count with no entry of 
 larger one whose other sizes match: the input is then copied into a zero-padded buffer
 of that size first, which costs a copy. The result is the chain's own output buffer (as with a
 CUDA graph's outputs): the next call with the same entry overwrites it, so copy what you keep.
+
+A decode layer's entry reads the cache's length at run time (its manifest's ``room``: the most
+cached tokens a run serves, the cache buffer's rows less the new tokens)::
+
+    layer = tuner.shipping.runtime.load("tuned/llama-layer-bundle")
+    pos = torch.tensor([prompt_len], dtype=torch.int32, device="cuda")     # like cache_position
+    h = layer(x, *weights, cache_len=pos)        # appends the tokens' keys and values at row pos
+    pos += tokens                                # in place: a captured graph replays the next step
+
+``cache_len`` is one int32 on the GPU (read by the kernels, clamped to the room), or a Python int,
+which costs a copy to the GPU per call (and is frozen into a graph that captures it).
 """
 from __future__ import annotations
 
@@ -21,6 +32,8 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
+
+import numpy as np
 
 from .. import UsageError, shown
 from ..chain.workloads import get_workload
@@ -129,6 +142,27 @@ def check_args(entry: dict[str, Any], x: ArrayInfo, weights: Sequence[ArrayInfo]
                                        f"{tuple(want)}")
 
 
+def check_length(entry: dict[str, Any], cache_len: Any) -> None:
+    """Refuse a cache length an entry cannot take, one line: one is needed exactly where the entry
+    has a room, as a Python int in 0..room or one int32 in device memory."""
+    room = entry.get("room")
+    if room is None:
+        if cache_len is not None:
+            raise RuntimeArgumentError(f"{entry['label']}: its cache length is compiled in; pass no cache_len")
+        return
+    if cache_len is None:
+        raise RuntimeArgumentError(f"{entry['label']}: reads the cache's length at run time: pass cache_len= "
+                                   f"(an int32 tensor of one element on the GPU, or an int, at most {room})")
+    if isinstance(cache_len, bool) or (isinstance(cache_len, int) and not 0 <= cache_len <= room):
+        raise RuntimeArgumentError(f"cache_len: {cache_len!r}; accepted: 0..{room} tokens (the entry's room)")
+    if isinstance(cache_len, int):
+        return
+    info = describe("cache_len", plain(cache_len))
+    if info.typestr != "<i4" or int(np.prod(info.shape)) != 1:
+        raise RuntimeArgumentError(f"cache_len: one int32 is expected (typestr <i4), got {info.typestr} of shape "
+                                   f"{info.shape}")
+
+
 def select(index: dict[str, Any], entries: list[dict[str, Any]], rows: int, fixed: dict[str, int] | None = None
            ) -> tuple[dict[str, Any], bool]:
     """The entry for an input of ``rows`` rows: the exact one, else the nearest larger one with the
@@ -175,6 +209,8 @@ class TunedChain:
         self.side = cp.cuda.Stream(non_blocking=True)
         self.fork, self.join = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
         self.epoch = 0
+        self.room = self.entry.get("room")  # the cache's run-time length, at most this (None: compiled in)
+        self._lens = cp.zeros(1, dtype=cp.int32)  # where a caller passes the length as a Python int
         self._tmaps: dict[tuple[int, ...], Any] = {}
         self._no_maps = cp.zeros(1, dtype=cp.uint64)  # made once: a run allocates nothing, so it can be captured
         cp.cuda.Device().synchronize()  # the zeroed state lands before the first run
@@ -191,8 +227,9 @@ class TunedChain:
             self._tmaps[key] = tensormap.pack(maps, buffers)
         return self._tmaps[key]
 
-    def run(self, x: Any, weights: Sequence[Any], stream: Any) -> Any:
-        """Enqueue one run on ``stream`` (checked arguments, CuPy views); returns the output buffer."""
+    def run(self, x: Any, weights: Sequence[Any], stream: Any, cache_len: Any = None) -> Any:
+        """Enqueue one run on ``stream`` (checked arguments, CuPy views; ``cache_len`` an int32 [1] CuPy
+        array where the entry has a room); returns the output buffer."""
         import cupy as cp  # noqa: PLC0415
 
         from ..backends.gpu import enqueue_launches  # noqa: PLC0415
@@ -204,7 +241,8 @@ class TunedChain:
         args = [x]
         for i, w in enumerate(weights):
             args += [w, self.ys[i]]
-        args = (*args, self.ws, self.state, cp.uint32(self.epoch), self._tensor_maps(buffers))
+        args = (*args, self.ws, self.state, cp.uint32(self.epoch), self._tensor_maps(buffers),
+                *(() if self.room is None else (cache_len,)))
         enqueue_launches(self.funcs, self.launches, args, stream, self.side, self.fork, self.join)
         return self.ys[-1]
 
@@ -280,11 +318,12 @@ class Runtime:
         check_args(entry, xi, ws, padded_rows=xi.shape[0] if pad else None)
         return entry, pad
 
-    def __call__(self, x: Any, *weights: Any) -> Any:
+    def __call__(self, x: Any, *weights: Any, cache_len: Any = None) -> Any:
         import cupy as cp  # noqa: PLC0415
 
         x, weights = plain(x), [plain(w) for w in weights]
         entry, pad = self.entry_for(x, weights)
+        check_length(entry, cache_len)
         chain = self._loaded.get(entry["_folder"])
         if chain is None:
             chain = self._loaded[entry["_folder"]] = TunedChain(Path(entry["_folder"]))
@@ -309,7 +348,14 @@ class Runtime:
                 full = cp.zeros(tuple(entry["buffers"]["x"]), dtype=cp.float16)
                 full[:rows] = xs
                 xs = full
-            out = chain.run(xs, [cp.asarray(w) for w in weights], stream)[:rows]
+            lens = None
+            if entry.get("room") is not None:
+                if isinstance(cache_len, int):
+                    chain._lens.fill(cache_len)
+                    lens = chain._lens
+                else:
+                    lens = cp.asarray(cache_len).reshape(1)
+            out = chain.run(xs, [cp.asarray(w) for w in weights], stream, lens)[:rows]
             if images:
                 out = out.reshape(*cp.asarray(x).shape[:3], -1)
         if torch_in:

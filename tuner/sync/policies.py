@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from ..chain.expr import Expr
 
@@ -217,12 +217,13 @@ def policy_for(policy: SyncPolicy, consumer: "StageGrid") -> tuple[SyncPolicy, .
     the order the kernel waits on them; regions that bind to the same waits are kept once."""
     from ..chain.kinds import kind_of  # noqa: PLC0415
 
-    return _bound(policy, consumer.stage.kind, kind_of(consumer.stage))
+    regions = kind_of(consumer.stage).regions(consumer.stage)
+    return _bound(policy, tuple(tuple(r.items()) for r in regions))
 
 
 @lru_cache(maxsize=64)
-def _bound(policy: SyncPolicy, kind: str, module: Any) -> tuple[SyncPolicy, ...]:
-    return tuple(dict.fromkeys(policy.bind(region) for region in module.REGIONS))
+def _bound(policy: SyncPolicy, regions: tuple[tuple[tuple[str, Expr], ...], ...]) -> tuple[SyncPolicy, ...]:
+    return tuple(dict.fromkeys(policy.bind(dict(region)) for region in regions))
 
 
 def pair_env(producer: "StageGrid", consumer: "StageGrid") -> dict[str, int]:

@@ -41,6 +41,8 @@ Chain::Chain(const std::string& folder) {
       f >> ws_floats_;
     } else if (key == "err_word") {
       f >> err_word_;
+    } else if (key == "room") {
+      f >> room_;
     } else if (key == "buffer") {
       Buffer b;
       f >> b.name >> b.rows >> b.cols;
@@ -133,13 +135,18 @@ CUdeviceptr Chain::tensor_maps(CUdeviceptr x, const std::vector<CUdeviceptr>& we
   return tmaps_;
 }
 
-CUdeviceptr Chain::run(CUdeviceptr x, const std::vector<CUdeviceptr>& weights, CUstream stream) {
+CUdeviceptr Chain::run(CUdeviceptr x, const std::vector<CUdeviceptr>& weights, CUstream stream,
+                       CUdeviceptr cache_len) {
   if (weights.size() != ys_.size())
     throw std::runtime_error(label_ + ": " + std::to_string(ys_.size()) + " weights are expected, got " +
                              std::to_string(weights.size()));
+  if ((room_ >= 0) != (cache_len != 0))
+    throw std::runtime_error(label_ + (room_ >= 0 ? ": reads the cache's length at run time: pass a device pointer "
+                                                    "to it (one int)"
+                                                  : ": its cache length is compiled in: pass no cache_len"));
   CUdeviceptr maps = tensor_maps(x, weights);
   ++epoch_;
-  // The kernels' arguments: x, then w<i>, y<i> per stage, then ws, state, epoch, tmaps.
+  // The kernels' arguments: x, then w<i>, y<i> per stage, then ws, state, epoch, tmaps (and lens).
   std::vector<void*> args;
   args.push_back(&x);
   std::vector<CUdeviceptr> ws(weights);
@@ -151,6 +158,7 @@ CUdeviceptr Chain::run(CUdeviceptr x, const std::vector<CUdeviceptr>& weights, C
   args.push_back(&state_);
   args.push_back(&epoch_);
   args.push_back(&maps);
+  if (room_ >= 0) args.push_back(&cache_len);
   bool two = false;
   for (const Launch& l : launches_) two = two || l.stream == 1;
   if (two) {

@@ -48,13 +48,16 @@ class Chain {
   Chain& operator=(const Chain&) = delete;
 
   // Enqueue one run on `stream` (a second stream forks from it and joins back where the launch
-  // mode needs two); `x` and `weights` are device pointers of the manifest's shapes.
-  CUdeviceptr run(CUdeviceptr x, const std::vector<CUdeviceptr>& weights, CUstream stream);
+  // mode needs two); `x` and `weights` are device pointers of the manifest's shapes. `cache_len`:
+  // where the entry has a room (a decode layer), a device pointer to one int, the cache's length
+  // for this run (read by the kernels, clamped to the room), else 0.
+  CUdeviceptr run(CUdeviceptr x, const std::vector<CUdeviceptr>& weights, CUstream stream, CUdeviceptr cache_len = 0);
 
   const std::string& label() const { return label_; }
   const std::vector<Buffer>& buffers() const { return buffers_; }
   const std::vector<std::string>& epilogues() const { return epilogues_; }
   double tuned_us() const { return time_us_; }
+  long room() const { return room_; }  // the most cached tokens a run serves; -1: the length is compiled in
   unsigned epoch() const { return epoch_; }
   // The kernels set this word of the state when a spin timed out (a bug, never expected).
   unsigned error_flag(CUstream stream);
@@ -64,6 +67,7 @@ class Chain {
 
   std::string label_;
   double time_us_ = 0;
+  long room_ = -1;
   unsigned state_words_ = 0, ws_floats_ = 0, err_word_ = 0, epoch_ = 0;
   std::vector<Buffer> buffers_;
   std::vector<std::string> epilogues_;
