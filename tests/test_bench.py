@@ -290,7 +290,7 @@ def test_each_stage_alone_is_timed_again_with_its_fastest_tilings_against_the_li
         best, other = sorted((t for t in study.trials if t.value is not None), key=lambda t: t.value)[:2]
         study.add_trial(optuna.trial.create_trial(params=other.params, distributions=other.distributions,
                                                   value=best.value, user_attrs=other.user_attrs))
-    monkeypatch.setattr(baselines, "baseline_timers", lambda ch, sets, graphs: {"cupy cublas": None})
+    monkeypatch.setattr(baselines, "baseline_timers", lambda ch, sets, graphs, compiled=False: {"cupy cublas": None})
     gpu = Gpu()
     rows = bench.stage_rounds(gpu, chain, storage, replay.device_info(), False, log=lambda *_: None, sustained_s=2.0)
     assert [r["stage"] for r in rows] == ["gemm1", "gemm2"] and [t[0] for t in gpu.timed] == [

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tuner.backends.gpu import reference_outputs
+from tuner.chain.kinds import kind_of
 from tuner.chain.workloads import get_workload
 from tuner.shipping.layer import cache_after, layer_weights
 
@@ -84,7 +85,6 @@ def test_the_chain_over_converted_weights_is_the_model_layer(llama):
     assert np.allclose(outs[-1], want, atol=1e-6)
     # The step's cache: the model's, then the new tokens' keys and values (what the append writes).
     kind_w1 = ws[1].copy()
-    from tuner.chain.kinds import kind_of
     kind_of(attn).b_written(np, kind_w1, attn)[...] = kind_of(attn).b_expected(np, outs[0], attn)
     got_k, got_v = cache_after(chain, kind_w1)
     assert np.allclose(got_k, keys, atol=1e-6) and np.allclose(got_v, values, atol=1e-6)
@@ -96,3 +96,68 @@ def test_a_cache_of_the_wrong_shape_is_refused_in_one_line():
     with pytest.raises(ValueError, match=r"^the cache's keys and values must be \[2, 5, 128\]"):
         layer_weights(chain, z((512, 64)), z((256, 64)), z((256, 64)), z((64, 512)), z((48, 64)), z((64, 48)),
                       z(64), z(64), z((2, 4, 128)), z((2, 4, 128)), w_gate=z((48, 64)))
+
+
+def test_a_run_below_the_room_is_the_model_layer_over_that_many_cached_tokens():
+    # A decode layer compiled for a room of 9 tokens, run at 5: the model with a cache of 5.
+    chain = get_workload("llama-layer").chain(tokens=3, cache=9, hidden=64, ffn=48, heads=4, kv_heads=2)
+    attn = chain.stages[1]
+    d, heads, kvh, hidden, ffn = attn.head_dim, attn.heads, attn.kv_heads, 64, 48
+    rng = np.random.default_rng(5)
+
+    def w(*shape):
+        return rng.standard_normal(shape) / np.sqrt(shape[-1])
+
+    m = dict(wq=w(heads * d, hidden), wk=w(kvh * d, hidden), wv=w(kvh * d, hidden), wo=w(hidden, heads * d),
+             wg=w(ffn, hidden), wu=w(ffn, hidden), wd=w(hidden, ffn), g1=1 + 0.1 * rng.standard_normal(hidden),
+             g2=1 + 0.1 * rng.standard_normal(hidden), ck=rng.standard_normal((kvh, 9, d)),
+             cv=rng.standard_normal((kvh, 9, d)))
+    x = rng.standard_normal((3, hidden))
+    ws = layer_weights(chain, m["wq"], m["wk"], m["wv"], m["wo"], m["wu"], m["wd"], m["g1"], m["g2"], m["ck"],
+                       m["cv"], w_gate=m["wg"])
+    five = get_workload("llama-layer").chain(tokens=3, cache=5, hidden=64, ffn=48, heads=4, kv_heads=2)
+    want, _, _ = model_layer(x, {**m, "ck": m["ck"][:, :5], "cv": m["cv"][:, :5]}, five, True)
+    assert np.allclose(reference_outputs(chain, x, ws, xp=np, cache_len=5)[-1], want, atol=1e-6)
+
+
+def test_a_hugging_face_llama_blocks_weights_are_read_by_their_names():
+    from types import SimpleNamespace as NS
+
+    from tuner.shipping.layer import llama_block_size, llama_block_weights
+
+    rng = np.random.default_rng(1)
+    lin = lambda o, i: NS(weight=rng.standard_normal((o, i)))  # noqa: E731
+    block = NS(self_attn=NS(head_dim=128, q_proj=lin(512, 64), k_proj=lin(256, 64), v_proj=lin(256, 64),
+                            o_proj=lin(64, 512)),
+               mlp=NS(gate_proj=lin(48, 64), up_proj=lin(48, 64), down_proj=lin(64, 48)),
+               input_layernorm=NS(weight=rng.standard_normal(64)), post_attention_layernorm=NS(weight=rng.standard_normal(64)))
+    size = llama_block_size(block)
+    assert size == {"hidden": 64, "ffn": 48, "heads": 4, "kv_heads": 2, "head_dim": 128}
+    chain = get_workload("llama-layer").chain(**size, tokens=3, cache=5)
+    a, mlp = block.self_attn, block.mlp
+    zeros = np.zeros((2, 5, 128))
+    want = layer_weights(chain, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight, mlp.up_proj.weight,
+                         mlp.down_proj.weight, block.input_layernorm.weight, block.post_attention_layernorm.weight,
+                         zeros, zeros, w_gate=mlp.gate_proj.weight)
+    for got, expected in zip(llama_block_weights(chain, block), want):
+        assert np.array_equal(got, expected)
+
+
+def test_a_prompts_cache_set_into_a_tuned_layer_reads_back_in_the_models_order():
+    from tuner.shipping.layer import TunedLayer
+
+    class Bundle:  # what TunedLayer asks of a loaded bundle, without a GPU
+        def instance(self, x, *weights):
+            return None, {"label": "llama-layer", "room": 9}, False
+
+    chain = get_workload("llama-layer").chain(tokens=3, cache=9, hidden=64, ffn=48, heads=4, kv_heads=2)
+    ws = [np.zeros(kind_of(st).b_operand(st)[0]) for st in chain.stages]
+    layer = TunedLayer(Bundle(), chain, ws)
+    rng = np.random.default_rng(2)
+    keys, values = rng.standard_normal((2, 5, 128)), rng.standard_normal((2, 5, 128))
+    layer.set_cache(keys, values)
+    got_k, got_v = layer.cache()
+    assert np.array_equal(got_k[:, :5], keys) and np.array_equal(got_v[:, :5], values)
+    assert not got_k[:, 5:].any() and not got_v[:, 5:].any()
+    with pytest.raises(ValueError, match=r"^keys and values \[2, n, 128\] with n at most the room, 9"):
+        layer.set_cache(np.zeros((2, 10, 128)), np.zeros((2, 10, 128)))

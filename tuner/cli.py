@@ -204,6 +204,9 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
                         "graphs, as PyTorch's graph variants are (the kernels then number their runs on the "
                         "device); for chains of a few short kernels, where launches are much of the time")
     sustained_argument(p, "in the final rounds (and --stages'), time each contestant and baseline")
+    p.add_argument("--compile", action="store_true",
+                   help="also PyTorch's chain through torch.compile (its default mode, compiled once per size: "
+                        "tens of seconds each), captured in a CUDA graph, among the baselines")
     p.add_argument("--network", action="store_true",
                    help="every layer of the whole network (resnet38, vgg19) at each --batch, then the "
                         "multiplicity-weighted whole-network figure")

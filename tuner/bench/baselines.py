@@ -1,8 +1,9 @@
 """What a user gets without us, and the floor, measured in the same process as our kernels.
 
 - cuBLAS chain as a CuPy user writes it (``x @ w1.T``, the epilogue, ``@ w2.T``);
-- PyTorch, where installed (not a dependency): eager, captured in a CUDA graph, and, where
-  cuBLASLt has the epilogue built in (GELU, ``torch._addmm_activation``), captured in that form;
+- PyTorch, where installed (not a dependency): eager, captured in a CUDA graph, where
+  cuBLASLt has the epilogue built in (GELU, ``torch._addmm_activation``) captured in that form,
+  and on request ``torch.compile``'s form captured in a graph (``bench --compile``);
   each epilogue's forms come from :mod:`tuner.chain.epilogues`;
 - every baseline's calls rotate over the input sets our chains rotate over (several when one
   set fits in L2), so both read their weights from memory, as a layer of a real model does;
@@ -11,6 +12,7 @@
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from statistics import median
 from typing import Any, Callable, Sequence
@@ -97,10 +99,11 @@ def cupy_chain(chain: Chain, x, ws) -> Callable[[], Any]:
     return run
 
 
-def torch_chains(chain: Chain, x, ws) -> dict[str, Callable[[], Any]]:
+def torch_chains(chain: Chain, x, ws, compiled: bool = False) -> dict[str, Callable[[], Any]]:
     """PyTorch's chains as a PyTorch user writes them, eager and in a CUDA graph, with the weights
     held as a PyTorch model holds them (for SwiGLU, gate and up as one GEMM, then ``silu(g) * u``);
-    where an epilogue is built into cuBLASLt (GELU), also a graph of that form. Empty when
+    where an epilogue is built into cuBLASLt (GELU), also a graph of that form; with ``compiled``,
+    ``torch.compile``'s form (its default mode, compiled once per chain) in a graph. Empty when
     torch is absent."""
     try:
         import torch
@@ -113,21 +116,15 @@ def torch_chains(chain: Chain, x, ws) -> dict[str, Callable[[], Any]]:
     tx = kinds[0].torch_input(torch, torch.as_tensor(x, device="cuda"), stages[0])
     tw = [e.torch_weight(k.torch_weight(torch, torch.as_tensor(w, device="cuda"), st))
           for k, st, e, w in zip(kinds, stages, epis, ws)]
-    # A normed stage's gain, as a model holds it beside its weights (ours are folded into them: ones).
-    gains = [torch.ones(st.k, dtype=torch.float16, device="cuda") if norm.has(st) else None for st in stages]
+    forward = _torch_forward(chain)
 
     def eager():
-        h, outs = tx, []
-        for k, st, e, w, g in zip(kinds, stages, epis, tw, gains):
-            if g is not None:
-                h = norm.torch(F, h, g, norm.of(st))
-            h = e.torch(F, k.torch_stage(F, h, w, st))
-            if residual.has(st):
-                h = h + residual.operand(st, tx, outs)
-            outs.append(h)
-        return kinds[-1].torch_output(h, stages[-1])
+        return forward(tx, *tw)
 
     variants: dict[str, Callable[[], Any]] = {"torch eager": eager, "torch graph": eager}
+    if compiled:
+        fast = _torch_compiled(chain)
+        variants["torch.compile graph"] = lambda: fast(tx, *tw)
     # cuBLASLt's built-in epilogues are GEMM epilogues.
     fused = [e.name for st, e in zip(stages, epis) if e.torch_fused is not None and kind_of(st).STORED_A]
     if fused and all(kind_of(st).STORED_A and not residual.has(st) and not norm.has(st) for st in stages):
@@ -148,6 +145,40 @@ def torch_chains(chain: Chain, x, ws) -> dict[str, Callable[[], Any]]:
         except Exception:  # a torch build without the epilogue: that variant is just absent
             continue
     return out
+
+
+@functools.lru_cache(maxsize=8)
+def _torch_forward(chain: Chain) -> Callable[..., Any]:
+    """The chain as a PyTorch function of its input and weights (one per chain, so that every input
+    set shares one compiled form)."""
+    import torch
+
+    F = torch.nn.functional
+    stages = chain.stages
+    kinds = [kind_of(st) for st in stages]
+    epis = [get_epilogue(st.epilogue) for st in stages]
+    # A normed stage's gain, as a model holds it beside its weights (ours are folded into them: ones).
+    gains = [torch.ones(st.k, dtype=torch.float16, device="cuda") if norm.has(st) else None for st in stages]
+
+    def forward(tx, *tw):
+        h, outs = tx, []
+        for k, st, e, w, g in zip(kinds, stages, epis, tw, gains):
+            if g is not None:
+                h = norm.torch(F, h, g, norm.of(st))
+            h = e.torch(F, k.torch_stage(F, h, w, st))
+            if residual.has(st):
+                h = h + residual.operand(st, tx, outs)
+            outs.append(h)
+        return kinds[-1].torch_output(h, stages[-1])
+
+    return forward
+
+
+@functools.lru_cache(maxsize=8)
+def _torch_compiled(chain: Chain) -> Callable[..., Any]:
+    import torch
+
+    return torch.compile(_torch_forward(chain))
 
 
 def torch_graph(fn: Callable[[], Any], output: bool = False) -> Callable[[], Any]:
@@ -211,10 +242,11 @@ def cupy_graph(fns: Sequence[Callable[[], Any]]) -> Callable[[int, int], list[fl
     return lambda w, r: time_events(replay, w, r, stream=stream)
 
 
-def baseline_timers(chain: Chain, sets: Sequence[tuple[Any, Sequence[Any]]], graphs: bool = False
-                    ) -> dict[str, Callable[[int, int], list[float]]]:
+def baseline_timers(chain: Chain, sets: Sequence[tuple[Any, Sequence[Any]]], graphs: bool = False,
+                    compiled: bool = False) -> dict[str, Callable[[int, int], list[float]]]:
     """Every baseline available here, by name, as ``timer(warmup, reps) -> per-call µs``; with
-    ``graphs`` also the CuPy chain captured in a CUDA graph (PyTorch's graph variants are always in).
+    ``graphs`` also the CuPy chain captured in a CUDA graph (PyTorch's graph variants are always in),
+    with ``compiled`` also PyTorch's chain through ``torch.compile``, in a graph.
     ``sets``: the input sets ``(x, weights)`` our chains rotate over; each baseline's calls rotate
     over the same sets, so that no baseline reads from L2 what our chains read from memory."""
     cupy_fns = [cupy_chain(chain, x, ws) for x, ws in sets]
@@ -222,7 +254,7 @@ def baseline_timers(chain: Chain, sets: Sequence[tuple[Any, Sequence[Any]]], gra
         "cupy cublas": lambda w, r: time_events(rotating(cupy_fns), w, r)}
     if graphs and (timer := cupy_graph(cupy_fns)) is not None:
         out["cupy cublas graph"] = timer
-    per_set = [torch_chains(chain, x, ws) for x, ws in sets]
+    per_set = [torch_chains(chain, x, ws, compiled) for x, ws in sets]
     for name in per_set[0]:
         if all(name in fns for fns in per_set):
             out[name] = lambda w, r, fns=[f[name] for f in per_set]: time_torch(rotating(fns), w, r)

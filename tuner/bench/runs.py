@@ -71,7 +71,7 @@ STAGE_FINALISTS = 3  # fastest tilings of each stage timed alone again against c
 
 
 def stage_rounds(gpu, chain: Chain, storage: str, device, graphs: bool, log=print,
-                 sustained_s: float = 0.0) -> list[dict[str, Any]]:
+                 sustained_s: float = 0.0, compiled: bool = False) -> list[dict[str, Any]]:
     """Each stage alone: its fastest tilings of the stage pass timed again with the baselines of
     that one stage (a cuBLAS GEMM with its epilogue, PyTorch's) in interleaved rounds (each timing
     after ``sustained_s`` of its own runs where given: GpuBackend.time_rounds). The GEMM our chains
@@ -90,7 +90,7 @@ def stage_rounds(gpu, chain: Chain, storage: str, device, graphs: bool, log=prin
         if not cfgs:
             continue
         p = gpu.problem(alone)
-        extra = baseline_timers(alone, list(zip(p.xs, p.ws)), graphs=graphs)
+        extra = baseline_timers(alone, list(zip(p.xs, p.ws)), graphs=graphs, compiled=compiled)
         log(f"{alone.label}: {rounds_note(len(cfgs) + len(extra), 'tilings and library kernels', ROUNDS, sustained_s)}")
         got = gpu.time_rounds(alone, cfgs, ROUNDS, extra=extra, graphs=graphs, heat_s=sustained_s)
         ours = {c: median(v) for c in cfgs if isinstance(v := got.get(c), list) and v}
@@ -107,10 +107,11 @@ def stage_rounds(gpu, chain: Chain, storage: str, device, graphs: bool, log=prin
 def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path: Path, storage: str, *,
               strategy: str = "staged", trials: int | None = None, seed: int = 0,
               compare: list[Path] = (), log=print, graphs: bool = False, ablate: list[str] = (),
-              stages: bool = False, sustained_s: float = 0.0) -> dict[str, Any]:
+              stages: bool = False, sustained_s: float = 0.0, compiled: bool = False) -> dict[str, Any]:
     """Search, then time the finalists with every baseline, for every size; returns (and writes) the
     summary. ``sustained_s``: the final rounds time each contestant right after that many seconds of
-    its own runs, not after idle (GpuBackend.time_rounds)."""
+    its own runs, not after idle (GpuBackend.time_rounds); ``compiled``: PyTorch's ``torch.compile``
+    form among the baselines."""
     from ..backends.gpu import GpuBackend
     from ..backends.replay import write_recording
     from ..search.space import load_space
@@ -145,7 +146,7 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
         passed = timed_configs(storage, ch, dev, graphs=graphs)
         contestants = _contestants(passed, ch, dev, compare, ablate)
         p = gpu.problem(ch)
-        extra = baseline_timers(ch, list(zip(p.xs, p.ws)), graphs=graphs)
+        extra = baseline_timers(ch, list(zip(p.xs, p.ws)), graphs=graphs, compiled=compiled)
         log(f"{ch.label}: final rounds: "
             f"{rounds_note(len(contestants) + len(extra), 'chains, ours and the library', ROUNDS, sustained_s)}")
         got = gpu.time_rounds(ch, list(contestants.values()), ROUNDS, extra=extra, graphs=graphs, heat_s=sustained_s)
@@ -159,7 +160,7 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
         row = _row(ch, wl.sweep_param, outcome, strategy, passed, contestants, set(extra), rounds,
                    floor_us(ch, bw, rate))
         if stages:
-            row["stages_alone"] = stage_rounds(gpu, ch, storage, dev, graphs, log, sustained_s)
+            row["stages_alone"] = stage_rounds(gpu, ch, storage, dev, graphs, log, sustained_s, compiled)
         rows.append(row)
         log(_row_text(row))
         # Written after every size, so an interrupted bench keeps what it measured.
@@ -344,5 +345,6 @@ def main(args) -> int:
     run_bench(args.workload, sizes, out, space, args.storage, strategy=args.strategy,
               trials=args.trials, seed=args.seed or 0, compare=list(args.compare or []),
               graphs=getattr(args, "graphs", False), ablate=list(getattr(args, "ablate", None) or []),
-              stages=getattr(args, "stages", False), sustained_s=getattr(args, "sustained", None) or 0.0)
+              stages=getattr(args, "stages", False), sustained_s=getattr(args, "sustained", None) or 0.0,
+              compiled=getattr(args, "compile", False))
     return 0

@@ -98,3 +98,90 @@ def cache_after(chain: Chain, w1: Any) -> tuple[Any, Any]:
         back = [i * 2 if i < half else (i - half) * 2 + 1 for i in range(attn.head_dim)]
         keys = keys[..., back]
     return keys, values
+
+
+class TunedLayer:
+    """A model's decoder layer run by a tuned layer chain: its weights converted once (:func:`layer_weights`),
+    its KV cache held in the chain's layout, a chain of its own (its output lives until its next call, so
+    the layers of one model feed each other). ``layer(x, cache_len)`` runs one step of ``x [tokens, hidden]``
+    (fp16) after ``cache_len`` cached tokens (an int32 [1] on the GPU, which the caller advances, or an
+    int), appends the step's keys and values and returns the layer's output.
+
+        bundle = tuner.shipping.runtime.load("tuned/llama-layer-bundle")
+        layers = [TunedLayer.from_llama(bundle, block, tokens=1) for block in model.model.layers]
+
+    where a Hugging Face ``LlamaDecoderLayer`` holds ``self_attn.{q,k,v,o}_proj``,
+    ``mlp.{gate,up,down}_proj``, ``input_layernorm`` and ``post_attention_layernorm``."""
+
+    def __init__(self, bundle: Any, chain: Chain, weights: list[Any]):
+        from .runtime import check_length  # noqa: PLC0415
+
+        self.chain, self.weights = chain, weights
+        x = weights[0].new_zeros((chain.stages[0].m, chain.stages[0].k)) if hasattr(weights[0], "new_zeros") else \
+            _xp(weights[0]).zeros((chain.stages[0].m, chain.stages[0].k), dtype=weights[0].dtype)
+        self.tuned, self.entry, self.pad = bundle.instance(x, *weights)
+        self._check_length = check_length
+
+    @classmethod
+    def from_llama(cls, bundle: Any, block: Any, tokens: int, cache_k: Any = None, cache_v: Any = None) -> "TunedLayer":
+        """From a Hugging Face-style LLaMA decoder layer, for steps of ``tokens`` tokens, with the largest
+        room the bundle has for its shape (the cache zeros, or ``cache_k``/``cache_v [kv_heads, room, D]``
+        in the model's order)."""
+        from ..chain.workloads import get_workload  # noqa: PLC0415
+
+        size = llama_block_size(block)
+        rooms = sorted({e["size"]["cache"] for e in bundle.manifests if e.get("room") is not None
+                        and {**e["size"], "cache": 0} == {**size, "tokens": tokens, "cache": 0}})
+        if not rooms:
+            raise ValueError(f"the bundle has no decode entry of {tokens} tokens for a layer of "
+                             + ", ".join(f"{k} {v}" for k, v in size.items()))
+        chain = get_workload("llama-layer").chain(**size, tokens=tokens, cache=rooms[-1])
+        weights = llama_block_weights(chain, block, cache_k, cache_v)
+        if hasattr(weights[0], "detach"):  # torch: plain fp16 memory, row-major
+            weights = [w.detach().to(block.self_attn.q_proj.weight.dtype).contiguous() for w in weights]
+        return cls(bundle, chain, weights)
+
+    def __call__(self, x: Any, cache_len: Any) -> Any:
+        from .runtime import run_on_caller_stream  # noqa: PLC0415
+
+        self._check_length(self.entry, cache_len)
+        return run_on_caller_stream(self.tuned, self.entry, self.pad, x, self.weights, cache_len)
+
+    def set_cache(self, keys: Any, values: Any) -> None:
+        """The first ``n`` cached tokens' keys and values ``[kv_heads, n, D]`` (the model's order; a prompt's),
+        written into the chain's cache in place."""
+        qkv, attn = self.chain.stages[:2]
+        n = keys.shape[1]
+        if tuple(keys.shape) != tuple(values.shape) or keys.shape[0] != attn.kv_heads or keys.shape[2] != attn.head_dim \
+                or n > attn.cache:
+            raise ValueError(f"keys and values [{attn.kv_heads}, n, {attn.head_dim}] with n at most the room, "
+                             f"{attn.cache}, are expected; got {list(keys.shape)} and {list(values.shape)}")
+        kv = self.weights[1].reshape(attn.kv_heads, 2, attn.cache_rows, attn.head_dim)
+        kv[:, 0, :n] = rope_mod.interleave_cache(keys, attn.head_dim) if qkv.rope is not None else keys
+        kv[:, 1, :n] = values
+
+    def cache(self) -> tuple[Any, Any]:
+        """The keys and values ``[kv_heads, room + tokens, D]`` in the model's order (see :func:`cache_after`)."""
+        return cache_after(self.chain, self.weights[1])
+
+
+def llama_block_size(block: Any) -> dict[str, int]:
+    """The layer chain's sizes but tokens and cache, read from a Hugging Face-style LLaMA decoder layer's weights."""
+    a, m = block.self_attn, block.mlp
+    d = int(a.head_dim)
+    return {"hidden": int(a.q_proj.weight.shape[1]), "ffn": int(m.up_proj.weight.shape[0]),
+            "heads": int(a.q_proj.weight.shape[0]) // d, "kv_heads": int(a.k_proj.weight.shape[0]) // d, "head_dim": d}
+
+
+def llama_block_weights(chain: Chain, block: Any, cache_k: Any = None, cache_v: Any = None) -> list[Any]:
+    """:func:`layer_weights` of a Hugging Face-style LLaMA decoder layer (``self_attn.{q,k,v,o}_proj``,
+    ``mlp.{gate,up,down}_proj``, ``input_layernorm``, ``post_attention_layernorm``); an empty cache where
+    none is given."""
+    a, m = block.self_attn, block.mlp
+    attn = chain.stages[1]
+    if cache_k is None or cache_v is None:
+        w, shape = a.k_proj.weight, (attn.kv_heads, attn.cache, attn.head_dim)
+        cache_k = cache_v = w.new_zeros(shape) if hasattr(w, "new_zeros") else _xp(w).zeros(shape, dtype=w.dtype)
+    return layer_weights(chain, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight, m.up_proj.weight,
+                         m.down_proj.weight, block.input_layernorm.weight, block.post_attention_layernorm.weight,
+                         cache_k, cache_v, w_gate=m.gate_proj.weight)

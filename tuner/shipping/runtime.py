@@ -210,7 +210,7 @@ class TunedChain:
         self.fork, self.join = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
         self.epoch = 0
         self.room = self.entry.get("room")  # the cache's run-time length, at most this (None: compiled in)
-        self._lens = cp.zeros(1, dtype=cp.int32)  # where a caller passes the length as a Python int
+        self.own_length = cp.zeros(1, dtype=cp.int32)  # where a caller passes the length as a Python int
         self._tmaps: dict[tuple[int, ...], Any] = {}
         self._no_maps = cp.zeros(1, dtype=cp.uint64)  # made once: a run allocates nothing, so it can be captured
         cp.cuda.Device().synchronize()  # the zeroed state lands before the first run
@@ -319,50 +319,66 @@ class Runtime:
         return entry, pad
 
     def __call__(self, x: Any, *weights: Any, cache_len: Any = None) -> Any:
-        import cupy as cp  # noqa: PLC0415
-
         x, weights = plain(x), [plain(w) for w in weights]
         entry, pad = self.entry_for(x, weights)
         check_length(entry, cache_len)
         chain = self._loaded.get(entry["_folder"])
         if chain is None:
             chain = self._loaded[entry["_folder"]] = TunedChain(Path(entry["_folder"]))
-        torch_in = type(x).__module__.startswith("torch")
-        if torch_in:
-            import torch  # noqa: PLC0415
+        return run_on_caller_stream(chain, entry, pad, x, weights, cache_len)
 
-            current = torch.cuda.current_stream()
-            if hasattr(cp.cuda.Stream, "from_external"):  # CuPy 14 deprecates ExternalStream
-                stream = cp.cuda.Stream.from_external(current)
-            else:
-                stream = cp.cuda.ExternalStream(current.cuda_stream)
+    def instance(self, x: Any, *weights: Any) -> tuple[TunedChain, dict[str, Any], bool]:
+        """A loaded chain of its own for arguments like these (checked), with its entry and whether the
+        input is padded: for callers whose outputs must outlive another call of the same entry (the
+        layers of one model, each feeding the next), where ``runtime(...)`` shares one per entry."""
+        x, weights = plain(x), [plain(w) for w in weights]
+        entry, pad = self.entry_for(x, weights)
+        return TunedChain(Path(entry["_folder"])), entry, pad
+
+
+def run_on_caller_stream(chain: TunedChain, entry: dict[str, Any], pad: bool, x: Any, weights: Sequence[Any],
+                         cache_len: Any = None) -> Any:
+    """One run of ``chain`` (``entry``'s, arguments checked) on the caller's current stream: PyTorch's
+    where ``x`` is a tensor (and a tensor back), else CuPy's; ``pad``: ``x`` is copied into the
+    entry's zero-padded input first."""
+    import cupy as cp  # noqa: PLC0415
+
+    torch_in = type(x).__module__.startswith("torch")
+    if torch_in:
+        import torch  # noqa: PLC0415
+
+        current = torch.cuda.current_stream()
+        if hasattr(cp.cuda.Stream, "from_external"):  # CuPy 14 deprecates ExternalStream
+            stream = cp.cuda.Stream.from_external(current)
         else:
-            stream = cp.cuda.get_current_stream()
-        with stream:
-            xs = cp.asarray(x)
-            images = xs.ndim == 4
-            if images:  # a view: NHWC is [pixels, channels] row-major
-                xs = xs.reshape(-1, xs.shape[-1])
-            rows = xs.shape[0]
-            if pad:
-                full = cp.zeros(tuple(entry["buffers"]["x"]), dtype=cp.float16)
-                full[:rows] = xs
-                xs = full
-            lens = None
-            if entry.get("room") is not None:
-                if isinstance(cache_len, int):
-                    chain._lens.fill(cache_len)
-                    lens = chain._lens
-                else:
-                    lens = cp.asarray(cache_len).reshape(1)
-            out = chain.run(xs, [cp.asarray(w) for w in weights], stream, lens)[:rows]
-            if images:
-                out = out.reshape(*cp.asarray(x).shape[:3], -1)
-        if torch_in:
-            import torch  # noqa: PLC0415
+            stream = cp.cuda.ExternalStream(current.cuda_stream)
+    else:
+        stream = cp.cuda.get_current_stream()
+    with stream:
+        xs = cp.asarray(x)
+        images = xs.ndim == 4
+        if images:  # a view: NHWC is [pixels, channels] row-major
+            xs = xs.reshape(-1, xs.shape[-1])
+        rows = xs.shape[0]
+        if pad:
+            full = cp.zeros(tuple(entry["buffers"]["x"]), dtype=cp.float16)
+            full[:rows] = xs
+            xs = full
+        lens = None
+        if entry.get("room") is not None:
+            if isinstance(cache_len, int):
+                chain.own_length.fill(cache_len)
+                lens = chain.own_length
+            else:
+                lens = cp.asarray(cache_len).reshape(1)
+        out = chain.run(xs, [cp.asarray(w) for w in weights], stream, lens)[:rows]
+        if images:
+            out = out.reshape(*cp.asarray(x).shape[:3], -1)
+    if torch_in:
+        import torch  # noqa: PLC0415
 
-            return torch.as_tensor(out, device="cuda")
-        return out
+        return torch.as_tensor(out, device="cuda")
+    return out
 
 
 def load(path: str | Path) -> Runtime:
