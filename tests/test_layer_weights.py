@@ -60,31 +60,36 @@ def model_layer(x, m, chain, llama):
     return h + mid @ m["wd"].T, keys, values
 
 
+def model_weights(chain, rng, hidden: int, ffn: int) -> dict:
+    """A model layer's random weights, norm gains and cache (``chain``'s cache length) as the model holds them."""
+    attn = chain.stages[1]
+    d, heads, kvh, c = attn.head_dim, attn.heads, attn.kv_heads, attn.cache
+
+    def w(*shape):
+        return rng.standard_normal(shape) / np.sqrt(shape[-1])
+
+    return dict(wq=w(heads * d, hidden), wk=w(kvh * d, hidden), wv=w(kvh * d, hidden), wo=w(hidden, heads * d),
+                wg=w(ffn, hidden), wu=w(ffn, hidden), wd=w(hidden, ffn), g1=1 + 0.1 * rng.standard_normal(hidden),
+                g2=1 + 0.1 * rng.standard_normal(hidden), ck=rng.standard_normal((kvh, c, d)),
+                cv=rng.standard_normal((kvh, c, d)))
+
+
 @pytest.mark.parametrize("llama", [True, False], ids=["llama", "gpt3"])
 def test_the_chain_over_converted_weights_is_the_model_layer(llama):
     if llama:
         chain = get_workload("llama-layer").chain(tokens=3, cache=5, hidden=64, ffn=48, heads=4, kv_heads=2)
     else:
         chain = get_workload("gpt3-layer").chain(tokens=3, cache=5, hidden=64, ffn=48, heads=2, kv_heads=2)
-    attn = chain.stages[1]
-    d, heads, kvh, hidden, ffn = attn.head_dim, attn.heads, attn.kv_heads, 64, 48
     rng = np.random.default_rng(3)
-
-    def w(*shape):
-        return rng.standard_normal(shape) / np.sqrt(shape[-1])
-
-    m = dict(wq=w(heads * d, hidden), wk=w(kvh * d, hidden), wv=w(kvh * d, hidden), wo=w(hidden, heads * d),
-             wg=w(ffn, hidden), wu=w(ffn, hidden), wd=w(hidden, ffn), g1=1 + 0.1 * rng.standard_normal(hidden),
-             g2=1 + 0.1 * rng.standard_normal(hidden), ck=rng.standard_normal((kvh, 5, d)),
-             cv=rng.standard_normal((kvh, 5, d)))
-    x = rng.standard_normal((3, hidden)) + 0.5  # rows off zero mean: LayerNorm's centring matters
+    m = model_weights(chain, rng, hidden=64, ffn=48)
+    x = rng.standard_normal((3, 64)) + 0.5  # rows off zero mean: LayerNorm's centring matters
     want, keys, values = model_layer(x, m, chain, llama)
     ws = layer_weights(chain, m["wq"], m["wk"], m["wv"], m["wo"], m["wu"], m["wd"], m["g1"], m["g2"], m["ck"],
                        m["cv"], w_gate=m["wg"] if llama else None)
     outs = reference_outputs(chain, x, ws, xp=np)
     assert np.allclose(outs[-1], want, atol=1e-6)
     # The step's cache: the model's, then the new tokens' keys and values (what the append writes).
-    kind_w1 = ws[1].copy()
+    kind_w1, attn = ws[1].copy(), chain.stages[1]
     kind_of(attn).b_written(np, kind_w1, attn)[...] = kind_of(attn).b_expected(np, outs[0], attn)
     got_k, got_v = cache_after(chain, kind_w1)
     assert np.allclose(got_k, keys, atol=1e-6) and np.allclose(got_v, values, atol=1e-6)
@@ -101,18 +106,9 @@ def test_a_cache_of_the_wrong_shape_is_refused_in_one_line():
 def test_a_run_below_the_room_is_the_model_layer_over_that_many_cached_tokens():
     # A decode layer compiled for a room of 9 tokens, run at 5: the model with a cache of 5.
     chain = get_workload("llama-layer").chain(tokens=3, cache=9, hidden=64, ffn=48, heads=4, kv_heads=2)
-    attn = chain.stages[1]
-    d, heads, kvh, hidden, ffn = attn.head_dim, attn.heads, attn.kv_heads, 64, 48
     rng = np.random.default_rng(5)
-
-    def w(*shape):
-        return rng.standard_normal(shape) / np.sqrt(shape[-1])
-
-    m = dict(wq=w(heads * d, hidden), wk=w(kvh * d, hidden), wv=w(kvh * d, hidden), wo=w(hidden, heads * d),
-             wg=w(ffn, hidden), wu=w(ffn, hidden), wd=w(hidden, ffn), g1=1 + 0.1 * rng.standard_normal(hidden),
-             g2=1 + 0.1 * rng.standard_normal(hidden), ck=rng.standard_normal((kvh, 9, d)),
-             cv=rng.standard_normal((kvh, 9, d)))
-    x = rng.standard_normal((3, hidden))
+    m = model_weights(chain, rng, hidden=64, ffn=48)
+    x = rng.standard_normal((3, 64))
     ws = layer_weights(chain, m["wq"], m["wk"], m["wv"], m["wo"], m["wu"], m["wd"], m["g1"], m["g2"], m["ck"],
                        m["cv"], w_gate=m["wg"])
     five = get_workload("llama-layer").chain(tokens=3, cache=5, hidden=64, ffn=48, heads=4, kv_heads=2)
