@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
     check(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
     check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
     tuner::Chain chain(argv[1]);
+    if (chain.room() >= 0) throw std::runtime_error("this example checks MLP chains; " + chain.label() + " is a decode layer");
     for (const std::string& e : chain.epilogues())
       if (e != "none" && e != "gelu" && e != "relu" && e != "silu_mul")
         throw std::runtime_error("this example checks MLP chains; epilogue " + e + " is not among them");
