@@ -157,3 +157,31 @@ def test_a_prompts_cache_set_into_a_tuned_layer_reads_back_in_the_models_order()
     assert not got_k[:, 5:].any() and not got_v[:, 5:].any()
     with pytest.raises(ValueError, match=r"^keys and values \[2, n, 128\] with n at most the room, 9"):
         layer.set_cache(np.zeros((2, 10, 128)), np.zeros((2, 10, 128)))
+
+
+def test_a_tuned_layer_from_a_llama_block_takes_the_largest_room_the_bundle_has_for_its_shape():
+    from types import SimpleNamespace as NS
+
+    from tuner.shipping.layer import TunedLayer
+
+    rng = np.random.default_rng(4)
+    lin = lambda o, i: NS(weight=rng.standard_normal((o, i)))  # noqa: E731
+    block = NS(self_attn=NS(head_dim=128, q_proj=lin(512, 64), k_proj=lin(256, 64), v_proj=lin(256, 64),
+                            o_proj=lin(64, 512)),
+               mlp=NS(gate_proj=lin(48, 64), up_proj=lin(48, 64), down_proj=lin(64, 48)),
+               input_layernorm=NS(weight=np.ones(64)), post_attention_layernorm=NS(weight=np.ones(64)))
+    shape = {"hidden": 64, "ffn": 48, "heads": 4, "kv_heads": 2, "head_dim": 128}
+
+    class Bundle:
+        manifests = [{"size": {**shape, "tokens": 1, "cache": c}, "room": c} for c in (256, 1024)] + [
+            {"size": {**shape, "tokens": 4, "cache": 4096}, "room": 4096},  # another token count
+            {"size": {**shape, "hidden": 128, "tokens": 1, "cache": 8192}, "room": 8192},  # another shape
+            {"size": {**shape, "tokens": 64, "cache": 0}, "room": None}]  # a prompt
+
+        def instance(self, x, *weights):
+            return None, {"label": "llama-layer", "room": 1024}, False
+
+    layer = TunedLayer.from_llama(Bundle(), block, tokens=1)
+    assert layer.chain.stages[1].cache == 1024 and layer.chain.size_dict["tokens"] == 1
+    with pytest.raises(ValueError, match=r"^the bundle has no decode entry of 16 tokens for a layer of hidden 64"):
+        TunedLayer.from_llama(Bundle(), block, tokens=16)

@@ -163,3 +163,43 @@ def test_a_decode_layers_bundle_entry_says_its_room_for_both_launchers(tmp_path)
     other = write_entry(tmp_path / "p", prompt, coverage(prompt, "sync")[0], {"name": "NVIDIA H200", "arch": "sm_90"})
     assert read_manifest(other)["room"] is None
     assert not any(l.startswith("room") for l in (other / "entry.txt").read_text().splitlines())
+
+
+@pytest.mark.gpu
+def test_one_decode_layer_entry_serves_a_loop_of_lengths_from_one_captured_graph(tmp_path):
+    # A step captured once with its length in device memory, replayed at three lengths (the integer
+    # changed in place between replays): each replay matches the reference at its length, and appends
+    # the step's keys and values at that length.
+    import cupy as cp
+
+    from tuner.backends.gpu import VERIFY_TOL, GpuBackend, rel_error
+    from tuner.shipping.bundle import write_entry
+    from tuner.shipping.runtime import load
+
+    backend = GpuBackend(warmup=1, reps=3)
+    try:
+        cfg = next(c for c in coverage(LAYER, "sync") if c.policy == "tile" and c.tiles[1].split_k > 1)
+        rt = load(write_entry(tmp_path / "entry", LAYER, cfg, backend.device_info().to_dict()))
+        p = backend.problem(LAYER)
+        x, ws = p.xs[0], p.ws[0]
+        drawn = ws[1].copy()
+        lens = cp.zeros(1, dtype=cp.int32)
+        stream = cp.cuda.Stream(non_blocking=True)
+        with stream:
+            rt(x, *ws, cache_len=lens)  # warm: the module loads outside the capture
+            stream.begin_capture()
+            out = rt(x, *ws, cache_len=lens)
+            graph = stream.end_capture()
+            for n in (3, 200, 256):
+                ws[1][...] = drawn
+                lens.fill(n)
+                want = reference_outputs(LAYER, x, ws, cache_len=n)
+                appended = kind_of(LAYER.stages[1]).b_expected(cp, want[0], length.at(LAYER, n).stages[1])
+                graph.launch(stream)
+                stream.synchronize()
+                assert rel_error(out, want[-1]) < VERIFY_TOL, f"length {n}"
+                written = kind_of(LAYER.stages[1]).b_written(cp, ws[1], length.at(LAYER, n).stages[1])
+                assert rel_error(written, appended) < VERIFY_TOL, f"append at {n}"
+            assert rel_error(rt(x, *ws, cache_len=256), reference_outputs(LAYER, x, ws)[-1]) < VERIFY_TOL
+    finally:
+        backend.close()
