@@ -13,8 +13,10 @@ __device__ __forceinline__ void rope_pair(float a, float b, int row, int col, in
     r1 = b;
     return;
   }
+  // sin and cos of pi * (angle / pi): sincospif's range reduction is exact, where sincosf's slow path
+  // for large angles (far positions) keeps a stack frame in local memory in every rotating kernel.
   float s, c;
-  sincosf((float)(offset + row) * exp2f(-(float)(col % D) / (float)D * log2_base), &s, &c);
+  sincospif((float)(offset + row) * (exp2f(-(float)(col % D) / (float)D * log2_base) * 0.318309886f), &s, &c);
   r0 = a * c - b * s;
   r1 = a * s + b * c;
 }
