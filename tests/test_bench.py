@@ -168,6 +168,14 @@ def test_the_table_gives_ratios_to_every_baseline_and_the_floor():
     head, line = text.splitlines()
     cells = dict(zip(head.split("  "), line.split("  ")))
     assert cells["tuned/floor"] == "1.250" and cells["x vs cupy cublas"] == "1.100" and cells["tile vs stream"] == "1.040"
+    assert cells["tuned HBM"] == "-"  # a summary from before the bytes' floor was kept
+
+
+def test_the_table_gives_the_tuned_chains_share_of_hbm_bandwidth():
+    row = {"tokens": 1, "floor_us": 100.0, "bytes_us": 80.0, "stream_us": 130.0, "tile_us": 125.0, "tuned_us": 100.0,
+           "baselines_us": {}}
+    head, line = bench.table({"rows": [row]}).splitlines()
+    assert dict(zip(head.split("  "), line.split("  ")))["tuned HBM"] == "80%"
 
 
 def test_a_bench_summary_hands_its_picks_to_the_study(tmp_path):

@@ -158,7 +158,7 @@ def run_bench(workload: str, sizes: list[dict[str, int]], out: Path, space_path:
                 log(f"{ch.label}: final rounds leave out {name} ({cfg.short()}): {got.get(cfg)}")
         rounds.update({name: got[name] for name in extra if isinstance(got.get(name), list)})
         row = _row(ch, wl.sweep_param, outcome, strategy, passed, contestants, set(extra), rounds,
-                   floor_us(ch, bw, rate))
+                   floor_us(ch, bw, rate), ch.min_bytes / bw * 1e6)
         if stages:
             row["stages_alone"] = stage_rounds(gpu, ch, storage, dev, graphs, log, sustained_s, compiled)
         rows.append(row)
@@ -195,8 +195,10 @@ def _contestants(passed: list[tuple[float, Config]], chain: Chain, device, compa
 
 def _row(chain: Chain, sweep: str, outcome, strategy: str, passed: list[tuple[float, Config]],
          contestants: dict[str, Config], library: set[str], rounds: dict[str, list[float]],
-         floor: float) -> dict[str, Any]:
-    """One size's figures in the summary: the fastest of each kind of sync, the baselines, the floor."""
+         floor: float, bytes_us: float | None = None) -> dict[str, Any]:
+    """One size's figures in the summary: the fastest of each kind of sync, the baselines, the floor
+    (and ``bytes_us``, the chain's fewest bytes over the read bandwidth measured in the same run, of
+    which each time's share is its fraction of HBM bandwidth)."""
     final = {name: round(median(v), 3) for name, v in rounds.items() if v}
     ours = {n: c for n, c in contestants.items() if n in final and n.split("#")[0] in SYNC_KINDS}
     picked = fastest_per_kind(ours, final)
@@ -205,7 +207,7 @@ def _row(chain: Chain, sweep: str, outcome, strategy: str, passed: list[tuple[fl
     best = {kind: final[name] for kind, name in picked.items()}
     tuned = min(best, key=best.get) if best else None
     return {"label": chain.label, "size": chain.size_dict, "tokens": chain.size_dict[sweep],
-            "floor_us": round(floor, 2),
+            "floor_us": round(floor, 2), "bytes_us": None if bytes_us is None else round(bytes_us, 2),
             "baselines_us": {k: v for k, v in final.items() if k in library},
             "compared_us": {k: v for k, v in final.items() if k not in library and k not in ours},
             "finalists": {name: c.short() for name, c in contestants.items()},
@@ -301,10 +303,16 @@ def _row_text(r: dict[str, Any]) -> str:
             f"floor {r['floor_us']:.1f}; {b}; {r['search_trials']} trials in {r['search_s']} s")
 
 
+def hbm_text(bytes_us: float | None, us: float | None) -> str:
+    """The share of HBM bandwidth a time uses (the chain's fewest bytes at the measured bandwidth over
+    it), or ``-`` where a summary predates it."""
+    return f"{bytes_us / us:.0%}" if bytes_us and us and us == us else "-"
+
+
 def table(summary: dict[str, Any]) -> str:
     """The bench summary as a text table: times in µs and ratios (>1 means we are faster)."""
     names = sorted({k for r in summary["rows"] for k in {**r["baselines_us"], **r.get("compared_us", {})}})
-    head = ["size", "floor", "ours stream", "ours pdl", "ours tile", "tuned", *names, "tuned/floor",
+    head = ["size", "floor", "ours stream", "ours pdl", "ours tile", "tuned", *names, "tuned/floor", "tuned HBM",
             *(f"x vs {n}" for n in names), "pdl vs stream", "tile vs stream"]
     lines = ["  ".join(head)]
     for r in summary["rows"]:
@@ -312,7 +320,8 @@ def table(summary: dict[str, Any]) -> str:
         others = {**r["baselines_us"], **r.get("compared_us", {})}
         vs = [ratio_text(others[n] / tuned) if n in others else "-" for n in names]
         lines.append("  ".join([",".join(f"{k}={v}" for k, v in r.get("size", {"tokens": r["tokens"]}).items()), us_text(r["floor_us"]), us_text(r["stream_us"]), us_text(r.get("pdl_us")), us_text(r["tile_us"]), us_text(tuned),
-                                *(us_text(others.get(n)) for n in names), ratio_text(tuned / r['floor_us']), *vs,
+                                *(us_text(others.get(n)) for n in names), ratio_text(tuned / r['floor_us']),
+                                hbm_text(r.get("bytes_us"), tuned), *vs,
                                 ratio_text(over_stream(r, "pdl")), ratio_text(over_stream(r, "tile"))]))
     return "\n".join(lines)
 
