@@ -117,16 +117,9 @@ def test_a_run_below_the_room_is_the_model_layer_over_that_many_cached_tokens():
 
 
 def test_a_hugging_face_llama_blocks_weights_are_read_by_their_names():
-    from types import SimpleNamespace as NS
-
     from tuner.shipping.layer import llama_block_size, llama_block_weights
 
-    rng = np.random.default_rng(1)
-    lin = lambda o, i: NS(weight=rng.standard_normal((o, i)))  # noqa: E731
-    block = NS(self_attn=NS(head_dim=128, q_proj=lin(512, 64), k_proj=lin(256, 64), v_proj=lin(256, 64),
-                            o_proj=lin(64, 512)),
-               mlp=NS(gate_proj=lin(48, 64), up_proj=lin(48, 64), down_proj=lin(64, 48)),
-               input_layernorm=NS(weight=rng.standard_normal(64)), post_attention_layernorm=NS(weight=rng.standard_normal(64)))
+    block = hf_llama_block(np.random.default_rng(1))
     size = llama_block_size(block)
     assert size == {"hidden": 64, "ffn": 48, "heads": 4, "kv_heads": 2, "head_dim": 128}
     chain = get_workload("llama-layer").chain(**size, tokens=3, cache=5)
@@ -160,16 +153,9 @@ def test_a_prompts_cache_set_into_a_tuned_layer_reads_back_in_the_models_order()
 
 
 def test_a_tuned_layer_from_a_llama_block_takes_the_largest_room_the_bundle_has_for_its_shape():
-    from types import SimpleNamespace as NS
-
     from tuner.shipping.layer import TunedLayer
 
-    rng = np.random.default_rng(4)
-    lin = lambda o, i: NS(weight=rng.standard_normal((o, i)))  # noqa: E731
-    block = NS(self_attn=NS(head_dim=128, q_proj=lin(512, 64), k_proj=lin(256, 64), v_proj=lin(256, 64),
-                            o_proj=lin(64, 512)),
-               mlp=NS(gate_proj=lin(48, 64), up_proj=lin(48, 64), down_proj=lin(64, 48)),
-               input_layernorm=NS(weight=np.ones(64)), post_attention_layernorm=NS(weight=np.ones(64)))
+    block = hf_llama_block(np.random.default_rng(4))
     shape = {"hidden": 64, "ffn": 48, "heads": 4, "kv_heads": 2, "head_dim": 128}
 
     class Bundle:
@@ -185,3 +171,16 @@ def test_a_tuned_layer_from_a_llama_block_takes_the_largest_room_the_bundle_has_
     assert layer.chain.stages[1].cache == 1024 and layer.chain.size_dict["tokens"] == 1
     with pytest.raises(ValueError, match=r"^the bundle has no decode entry of 16 tokens for a layer of hidden 64"):
         TunedLayer.from_llama(Bundle(), block, tokens=16)
+
+
+def hf_llama_block(rng):
+    """What the weight readers ask of a Hugging Face LlamaDecoderLayer, without torch: 4 query heads
+    and 2 KV heads of 128, hidden 64, FFN 48, random weights."""
+    from types import SimpleNamespace as NS
+
+    lin = lambda o, i: NS(weight=rng.standard_normal((o, i)))  # noqa: E731
+    return NS(self_attn=NS(head_dim=128, q_proj=lin(512, 64), k_proj=lin(256, 64), v_proj=lin(256, 64),
+                           o_proj=lin(64, 512)),
+              mlp=NS(gate_proj=lin(48, 64), up_proj=lin(48, 64), down_proj=lin(64, 48)),
+              input_layernorm=NS(weight=rng.standard_normal(64)),
+              post_attention_layernorm=NS(weight=rng.standard_normal(64)))
