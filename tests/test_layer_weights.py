@@ -184,3 +184,43 @@ def hf_llama_block(rng):
               mlp=NS(gate_proj=lin(48, 64), up_proj=lin(48, 64), down_proj=lin(64, 48)),
               input_layernorm=NS(weight=rng.standard_normal(64)),
               post_attention_layernorm=NS(weight=rng.standard_normal(64)))
+
+
+def test_a_prefill_runs_the_prompt_entry_on_the_layers_weights_and_its_keys_and_values_land_in_the_cache(monkeypatch):
+    from tuner.shipping import runtime
+    from tuner.shipping.layer import TunedLayer
+
+    decode = get_workload("llama-layer").chain(tokens=1, cache=9, hidden=64, ffn=48, heads=4, kv_heads=2)
+    size = {**decode.size_dict, "tokens": 5, "cache": 0}
+
+    class Bundle:  # a decode entry of room 9 and a prompt entry of 5 tokens, without a GPU
+        manifests = [{"size": decode.size_dict, "room": 9}, {"size": size, "room": None}]
+        made = []
+
+        def instance(self, x, *weights):
+            self.made.append(x.shape[0])
+            return None, {"label": "llama-layer", "room": None if x.shape[0] == 5 else 9}, False
+
+    runs = []
+
+    def run(tuned, entry, pad, x, weights, cache_len):  # the prompt chain's append: rows 0..4 of its own cache
+        runs.append((weights, cache_len))
+        weights[1][:] = np.arange(weights[1].size).reshape(weights[1].shape)
+        return x + 1
+
+    monkeypatch.setattr(runtime, "run_on_caller_stream", run)
+    ws = [np.full(kind_of(st).b_operand(st)[0], float(i)) for i, st in enumerate(decode.stages)]
+    layer = TunedLayer(Bundle(), decode, ws)
+    x = np.zeros((5, 64))
+    assert np.array_equal(layer.prefill(x), x + 1)
+    (got, cache_len), = runs
+    assert cache_len is None and all(a is b for i, (a, b) in enumerate(zip(got, ws)) if i != 1)
+    written = got[1].reshape(2, 2, 5, 128)
+    kv = ws[1].reshape(2, 2, 10, 128)
+    assert np.array_equal(kv[:, :, :5], written) and (kv[:, :, 5:] == 1.0).all()
+    layer.prefill(x)
+    assert Bundle.made == [1, 5], "one prompt chain per prompt length, kept"
+    with pytest.raises(ValueError, match=r"^the bundle has no prompt entry of 4 tokens for this layer's shape"):
+        layer.prefill(np.zeros((4, 64)))
+    with pytest.raises(ValueError, match=r"^a prompt of 10 tokens; accepted: 1\.\.9 \(this layer's room\)$"):
+        layer.prefill(np.zeros((10, 64)))

@@ -42,10 +42,14 @@ def _xp(a: Any) -> Any:
     return numpy if type(a).__module__.startswith("numpy") else __import__("cupy")
 
 
+def _zeros_like(a: Any, shape: tuple[int, ...]) -> Any:
+    """Zeros of ``shape`` in ``a``'s kind (NumPy, CuPy, torch), dtype and device."""
+    return a.new_zeros(shape) if hasattr(a, "new_zeros") else _xp(a).zeros(shape, dtype=a.dtype)
+
+
 def _room(a: Any, rows: int) -> Any:
     """Zero rows ``[a.shape[0], rows, a.shape[2]]`` of ``a``'s kind and dtype."""
-    shape = (a.shape[0], rows, a.shape[2])
-    return a.new_zeros(shape) if hasattr(a, "new_zeros") else _xp(a).zeros(shape, dtype=a.dtype)
+    return _zeros_like(a, (a.shape[0], rows, a.shape[2]))
 
 
 def _fold(w: Any, gain: Any, stage: Any) -> Any:
@@ -116,11 +120,11 @@ class TunedLayer:
     def __init__(self, bundle: Any, chain: Chain, weights: list[Any]):
         from .runtime import check_length  # noqa: PLC0415
 
-        self.chain, self.weights = chain, weights
-        x = weights[0].new_zeros((chain.stages[0].m, chain.stages[0].k)) if hasattr(weights[0], "new_zeros") else \
-            _xp(weights[0]).zeros((chain.stages[0].m, chain.stages[0].k), dtype=weights[0].dtype)
-        self.tuned, self.entry, self.pad = bundle.instance(x, *weights)
+        self.bundle, self.chain, self.weights = bundle, chain, weights
+        self.tuned, self.entry, self.pad = bundle.instance(_zeros_like(weights[0], (chain.stages[0].m, chain.stages[0].k)),
+                                                           *weights)
         self._check_length = check_length
+        self._prompts: dict[int, TunedLayer] = {}  # prefill's layers, one per prompt length
 
     @classmethod
     def from_llama(cls, bundle: Any, block: Any, tokens: int, cache_k: Any = None, cache_v: Any = None) -> "TunedLayer":
@@ -156,9 +160,44 @@ class TunedLayer:
                 or n > attn.cache:
             raise ValueError(f"keys and values [{attn.kv_heads}, n, {attn.head_dim}] with n at most the room, "
                              f"{attn.cache}, are expected; got {list(keys.shape)} and {list(values.shape)}")
-        kv = self.weights[1].reshape(attn.kv_heads, 2, attn.cache_rows, attn.head_dim)
+        kv = self._kv()
         kv[:, 0, :n] = rope_mod.interleave_cache(keys, attn.head_dim) if qkv.rope is not None else keys
         kv[:, 1, :n] = values
+
+    def prefill(self, x: Any) -> Any:
+        """A prompt ``x [P, hidden]`` on an empty cache, through the bundle's prompt entry of ``P`` tokens
+        with this layer's weights; the prompt's keys and values land in this layer's cache (rows
+        ``0..P-1``, where the next step at ``cache_len`` P reads them) and its output is returned.
+
+        A prompt entry compiles its length in and writes its keys and values into a cache of the
+        prompt's size: that cache is the prompt layer's own, kept per ``P`` with its chain, and copied
+        here in the chain's layout (the rotation's order both sides; a device copy of
+        ``2 * kv_heads * P * D`` values, no round trip through the model's order)."""
+        qkv, attn = self.chain.stages[:2]
+        p = int(x.shape[0])
+        if not 1 <= p <= attn.cache:
+            raise ValueError(f"a prompt of {p} tokens; accepted: 1..{attn.cache} (this layer's room)")
+        prompt = self._prompts.get(p)
+        if prompt is None:
+            from ..chain.workloads import get_workload  # noqa: PLC0415
+
+            size = {**self.chain.size_dict, "tokens": p, "cache": 0}
+            have = [m for m in getattr(self.bundle, "manifests", ()) if m.get("room") is None and m.get("size") == size]
+            if not have:
+                raise ValueError(f"the bundle has no prompt entry of {p} tokens for this layer's shape; tune one "
+                                 f"(tuner study {self.chain.workload} --tokens {p} --cache 0) and export it")
+            chain = get_workload(self.chain.workload).chain(**size)
+            rows = chain.stages[1].cache_rows
+            kv = _zeros_like(self.weights[1], (attn.kv_heads * 2 * rows, attn.head_dim))
+            prompt = self._prompts[p] = TunedLayer(self.bundle, chain, [self.weights[0], kv, *self.weights[2:]])
+        out = prompt(x, None)
+        self._kv()[:, :, :p] = prompt._kv()[:, :, :p]
+        return out
+
+    def _kv(self) -> Any:
+        """The cache operand as ``[kv_heads, 2, rows, D]`` (keys, then values), a view."""
+        attn = self.chain.stages[1]
+        return self.weights[1].reshape(attn.kv_heads, 2, attn.cache_rows, attn.head_dim)
 
     def cache(self) -> tuple[Any, Any]:
         """The keys and values ``[kv_heads, room + tokens, D]`` in the model's order (see :func:`cache_after`)."""
@@ -181,7 +220,7 @@ def llama_block_weights(chain: Chain, block: Any, cache_k: Any = None, cache_v: 
     attn = chain.stages[1]
     if cache_k is None or cache_v is None:
         w, shape = a.k_proj.weight, (attn.kv_heads, attn.cache, attn.head_dim)
-        cache_k = cache_v = w.new_zeros(shape) if hasattr(w, "new_zeros") else _xp(w).zeros(shape, dtype=w.dtype)
+        cache_k = cache_v = _zeros_like(w, shape)
     return layer_weights(chain, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight, m.up_proj.weight,
                          m.down_proj.weight, block.input_layernorm.weight, block.post_attention_layernorm.weight,
                          cache_k, cache_v, w_gate=m.gate_proj.weight)
