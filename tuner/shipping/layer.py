@@ -91,11 +91,17 @@ def layer_weights(chain: Chain, wq: Any, wk: Any, wv: Any, wo: Any, w_up: Any, w
     return [w0, w1, wo, w3, w_down]
 
 
+def kv_view(chain: Chain, w1: Any) -> Any:
+    """The chain's cache operand as ``[kv_heads, 2, rows, D]`` (keys, then values, in the chain's order), a view."""
+    attn = chain.stages[1]
+    return w1.reshape(attn.kv_heads, 2, attn.cache_rows, attn.head_dim)
+
+
 def cache_after(chain: Chain, w1: Any) -> tuple[Any, Any]:
     """The keys and values ``[kv_heads, cache + tokens, D]`` in the model's order, from the chain's cache
     operand after a step (the new tokens appended)."""
     qkv, attn = chain.stages[:2]
-    kv = w1.reshape(attn.kv_heads, 2, attn.cache_rows, attn.head_dim)
+    kv = kv_view(chain, w1)
     keys, values = kv[:, 0], kv[:, 1]
     if qkv.rope is not None:
         half = attn.head_dim // 2
@@ -160,7 +166,7 @@ class TunedLayer:
                 or n > attn.cache:
             raise ValueError(f"keys and values [{attn.kv_heads}, n, {attn.head_dim}] with n at most the room, "
                              f"{attn.cache}, are expected; got {list(keys.shape)} and {list(values.shape)}")
-        kv = self._kv()
+        kv = kv_view(self.chain, self.weights[1])
         kv[:, 0, :n] = rope_mod.interleave_cache(keys, attn.head_dim) if qkv.rope is not None else keys
         kv[:, 1, :n] = values
 
@@ -173,7 +179,7 @@ class TunedLayer:
         prompt's size: that cache is the prompt layer's own, kept per ``P`` with its chain, and copied
         here in the chain's layout (the rotation's order both sides; a device copy of
         ``2 * kv_heads * P * D`` values, no round trip through the model's order)."""
-        qkv, attn = self.chain.stages[:2]
+        attn = self.chain.stages[1]
         p = int(x.shape[0])
         if not 1 <= p <= attn.cache:
             raise ValueError(f"a prompt of {p} tokens; accepted: 1..{attn.cache} (this layer's room)")
@@ -191,13 +197,8 @@ class TunedLayer:
             kv = _zeros_like(self.weights[1], (attn.kv_heads * 2 * rows, attn.head_dim))
             prompt = self._prompts[p] = TunedLayer(self.bundle, chain, [self.weights[0], kv, *self.weights[2:]])
         out = prompt(x, None)
-        self._kv()[:, :, :p] = prompt._kv()[:, :, :p]
+        kv_view(self.chain, self.weights[1])[:, :, :p] = kv_view(prompt.chain, prompt.weights[1])[:, :, :p]
         return out
-
-    def _kv(self) -> Any:
-        """The cache operand as ``[kv_heads, 2, rows, D]`` (keys, then values), a view."""
-        attn = self.chain.stages[1]
-        return self.weights[1].reshape(attn.kv_heads, 2, attn.cache_rows, attn.head_dim)
 
     def cache(self) -> tuple[Any, Any]:
         """The keys and values ``[kv_heads, room + tokens, D]`` in the model's order (see :func:`cache_after`)."""
